@@ -1,0 +1,21 @@
+# The two commands of the README: `make demo` and `make test`; both set themselves up.
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+RUNS := runs
+
+.PHONY: setup demo test lint clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	@bash scripts/demo.sh
+
+test: setup
+	@$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: setup
+	@$(VENV)/bin/ruff check globaldl compression pipelines monitoring tests
+
+clean:
+	rm -rf $(RUNS) .pytest_cache .hypothesis

@@ -1,0 +1,229 @@
+"""Training settings: one typed, validated object built from flags, a YAML file and the environment.
+
+Precedence is the one Horovod users know: a command-line flag beats the config file, which beats
+a `GLOBALDL_<NAME>` environment variable, which beats the default. Settings are parsed and
+validated here, once; nothing below the CLI reads flags or environment variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PREFIX = "GLOBALDL_"
+
+# Kept in sync with globaldl.models / globaldl.pipelines / globaldl.compression by a unit test;
+# duplicated here so that `--help` and validation do not import TensorFlow.
+MODEL_NAMES: tuple[str, ...] = ("lenet", "resnet", "mlp", "video")
+RESNET_DEPTHS: tuple[int, ...] = (8, 14, 20, 32)
+DATASET_NAMES: tuple[str, ...] = ("mnist", "digits", "cifar-synthetic", "moving-mnist")
+OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam")
+PRUNE_NAMES: tuple[str, ...] = ("none", "topk", "randomk", "threshold", "dgc")
+QUANTIZE_NAMES: tuple[str, ...] = ("none", "fp16", "int8", "qsgd", "terngrad", "sign")
+BALANCE_NAMES: tuple[str, ...] = ("equal",)
+
+
+class SettingsError(ValueError):
+    """A setting has a value that is not allowed; the message names the setting and the choices."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything one `globaldl train` run needs, validated on construction."""
+
+    model: str = "lenet"
+    dataset: str = "mnist"
+    depth: int = 20
+    layers: int = 3
+    width: int = 128
+    epochs: int = 2
+    batch_size: int = 32
+    max_steps_per_epoch: int | None = None
+    optimizer: str = "sgd"
+    learning_rate: float = 0.05
+    momentum: float = 0.9
+    scale_lr: bool = True
+    seed: int = 0
+    data_dir: Path | None = None
+    input_delay_ms: float = 0.0
+    checkpoint_dir: Path | None = None
+    resume: bool = False
+    summary: Path | None = None
+    run_id: str | None = None
+    # Compression (two steps: prune, then quantize).
+    prune: str = "none"
+    density: float = 0.01
+    quantize: str = "none"
+    error_feedback: bool = True
+    block_size: int = 256
+    qsgd_levels: int = 16
+    weight_sparsity: float = 0.0
+    warmup_epochs: int = 0
+    # Monitoring.
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
+    metrics_certfile: Path | None = None
+    metrics_keyfile: Path | None = None
+    device: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_choice("model", self.model, MODEL_NAMES)
+        _check_choice("dataset", self.dataset, DATASET_NAMES)
+        _check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
+        _check_choice("prune", self.prune, PRUNE_NAMES)
+        _check_choice("quantize", self.quantize, QUANTIZE_NAMES)
+        if self.model == "resnet":
+            _check_choice("depth", self.depth, RESNET_DEPTHS)
+        _check_at_least("layers", self.layers, 1)
+        _check_at_least("width", self.width, 1)
+        _check_at_least("epochs", self.epochs, 1)
+        _check_at_least("batch_size", self.batch_size, 1)
+        if self.max_steps_per_epoch is not None:
+            _check_at_least("max_steps_per_epoch", self.max_steps_per_epoch, 1)
+        _check_at_least("block_size", self.block_size, 1)
+        _check_at_least("qsgd_levels", self.qsgd_levels, 1)
+        _check_at_least("warmup_epochs", self.warmup_epochs, 0)
+        _check_positive_finite("learning_rate", self.learning_rate)
+        if not 0.0 <= self.momentum < 1.0:
+            raise SettingsError(f"momentum {self.momentum!r} is not allowed; use 0 <= momentum < 1")
+        if not 0.0 < self.density <= 1.0:
+            raise SettingsError(f"density {self.density!r} is not allowed; use 0 < density <= 1")
+        if not 0.0 <= self.weight_sparsity < 1.0:
+            raise SettingsError(
+                f"weight_sparsity {self.weight_sparsity!r} is not allowed; use 0 <= sparsity < 1"
+            )
+        if not (math.isfinite(self.input_delay_ms) and self.input_delay_ms >= 0):
+            raise SettingsError(
+                f"input_delay_ms {self.input_delay_ms!r} is not allowed; use a number >= 0"
+            )
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            raise SettingsError(
+                f"metrics_port {self.metrics_port!r} is not allowed; use a port in 1..65535"
+            )
+        if (self.metrics_certfile is None) != (self.metrics_keyfile is None):
+            raise SettingsError("metrics_certfile and metrics_keyfile must be given together")
+        if self.resume and self.checkpoint_dir is None:
+            raise SettingsError("resume needs checkpoint_dir: there is nowhere to resume from")
+
+    def replace(self, **changes: Any) -> TrainSettings:
+        """Return a copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def compression_settings(self) -> dict[str, Any]:
+        """The compression part, as it is written into the run summary."""
+        return {
+            "prune": self.prune,
+            "density": self.density,
+            "quantize": self.quantize,
+            "error_feedback": self.error_feedback,
+            "block_size": self.block_size,
+            "qsgd_levels": self.qsgd_levels,
+            "weight_sparsity": self.weight_sparsity,
+            "warmup_epochs": self.warmup_epochs,
+        }
+
+
+FIELDS: dict[str, dataclasses.Field[Any]] = {
+    f.name: f for f in dataclasses.fields(TrainSettings) if f.name != "extra"
+}
+
+
+def resolve_settings(
+    flags: Mapping[str, Any],
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> TrainSettings:
+    """Merge flags (None = not given) > YAML config file > GLOBALDL_* environment > defaults."""
+    environ = os.environ if environ is None else environ
+    merged: dict[str, Any] = {}
+    for name, field_ in FIELDS.items():
+        env_value = environ.get(ENV_PREFIX + name.upper())
+        if env_value is not None:
+            merged[name] = _coerce(name, env_value, field_, source=f"${ENV_PREFIX}{name.upper()}")
+    if config_file is not None:
+        merged.update(load_config_file(config_file))
+    for name, value in flags.items():
+        if name not in FIELDS:
+            raise SettingsError(f"unknown setting {name!r}; valid settings: {', '.join(FIELDS)}")
+        if value is not None:
+            merged[name] = value
+    return TrainSettings(**merged)
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping of settings; keys may use dashes or underscores."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise SettingsError(f"cannot read config file {path}: {error.strerror}") from error
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SettingsError(f"config file {path} is not valid YAML: {error}") from error
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"config file {path} must hold a mapping of settings, not {loaded!r}")
+    values: dict[str, Any] = {}
+    for key, value in loaded.items():
+        name = str(key).replace("-", "_")
+        if name not in FIELDS:
+            raise SettingsError(
+                f"unknown setting {key!r} in {path}; valid settings: {', '.join(FIELDS)}"
+            )
+        values[name] = _coerce(name, value, FIELDS[name], source=str(path))
+    return values
+
+
+def _coerce(name: str, value: Any, field_: dataclasses.Field[Any], source: str) -> Any:
+    """Convert a file or environment value to the field's type, naming the source on failure."""
+    kind = str(field_.type)
+    if value is None:
+        return None
+    try:
+        if "bool" in kind:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if "Path" in kind:
+            return Path(str(value))
+        if "int" in kind:
+            if isinstance(value, float) or (isinstance(value, str) and "." in value):
+                raise ValueError(value)
+            return int(value)
+        if "float" in kind:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as error:
+        raise SettingsError(
+            f"setting {name} = {value!r} from {source} is not a valid {kind.replace(' | None', '')}"
+        ) from error
+
+
+def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    if value not in choices:
+        allowed = ", ".join(str(choice) for choice in choices)
+        raise SettingsError(f"{name} {value!r} is not one of: {allowed}")
+
+
+def _check_at_least(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SettingsError(f"{name} {value!r} is not allowed; use a whole number >= {minimum}")
+
+
+def _check_positive_finite(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise SettingsError(f"{name} {value!r} is not allowed; use a positive number")

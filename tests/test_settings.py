@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from globaldl import settings as settings_module
+from globaldl.settings import SettingsError, TrainSettings, resolve_settings
+
+
+def test_defaults_are_the_embedded_demo() -> None:
+    settings = resolve_settings({}, None, environ={})
+    assert (settings.model, settings.dataset, settings.prune, settings.quantize) == (
+        "lenet", "mnist", "none", "none")
+
+
+def test_flag_beats_file_beats_environment(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("epochs: 5\nbatch-size: 16\nlearning_rate: 0.2\n")
+    environ = {"GLOBALDL_EPOCHS": "7", "GLOBALDL_BATCH_SIZE": "8", "GLOBALDL_SEED": "3",
+               "GLOBALDL_LEARNING_RATE": "0.3"}
+    settings = resolve_settings({"epochs": 9, "batch_size": None}, config, environ=environ)
+    assert settings.epochs == 9            # flag over file and environment
+    assert settings.batch_size == 16       # file over environment (flag not given)
+    assert settings.learning_rate == 0.2   # file over environment
+    assert settings.seed == 3              # environment over default
+
+
+def test_environment_booleans_and_paths_are_coerced(tmp_path: Path) -> None:
+    settings = resolve_settings({}, None, environ={
+        "GLOBALDL_ERROR_FEEDBACK": "no", "GLOBALDL_SUMMARY": str(tmp_path / "s.json")})
+    assert settings.error_feedback is False
+    assert settings.summary == tmp_path / "s.json"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model": "vgg"}, "model 'vgg' is not one of: lenet, resnet, mlp, video"),
+        ({"dataset": "imagenet"}, "dataset 'imagenet' is not one of: mnist, digits"),
+        ({"model": "resnet", "depth": 18}, "depth 18 is not one of: 8, 14, 20, 32"),
+        ({"batch_size": 0}, "batch_size 0 is not allowed"),
+        ({"density": 0.0}, "density 0.0 is not allowed; use 0 < density <= 1"),
+        ({"prune": "magic"}, "prune 'magic' is not one of: none, topk, randomk, threshold, dgc"),
+        ({"quantize": "int4"}, "quantize 'int4' is not one of: none, fp16, int8"),
+        ({"learning_rate": -1.0}, "learning_rate -1.0 is not allowed"),
+        ({"metrics_port": 70000}, "metrics_port 70000 is not allowed"),
+        ({"resume": True}, "resume needs checkpoint_dir"),
+    ],
+)
+def test_bad_values_name_the_value_and_the_choices(changes: dict, message: str) -> None:
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
+        TrainSettings(**changes)
+
+
+def test_unknown_key_in_config_file_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("epochs: 2\nlearning-rat: 0.1\n")
+    with pytest.raises(SettingsError, match="unknown setting 'learning-rat'"):
+        resolve_settings({}, config, environ={})
+
+
+def test_wrong_type_in_environment_names_the_variable() -> None:
+    with pytest.raises(SettingsError, match=r"epochs = 'two' from \$GLOBALDL_EPOCHS"):
+        resolve_settings({}, None, environ={"GLOBALDL_EPOCHS": "two"})
+
+
+def test_config_file_that_is_not_a_mapping_is_rejected(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("- epochs\n- 2\n")
+    with pytest.raises(SettingsError, match="must hold a mapping"):
+        resolve_settings({}, config, environ={})
+
+
+def test_name_lists_match_the_packages_they_mirror() -> None:
+    from globaldl import compression, models, pipelines
+
+    assert settings_module.MODEL_NAMES == models.MODEL_NAMES
+    assert settings_module.RESNET_DEPTHS == models.RESNET_DEPTHS
+    assert settings_module.DATASET_NAMES == pipelines.DATASET_NAMES
+    assert settings_module.PRUNE_NAMES == compression.PRUNE_NAMES
+    assert settings_module.QUANTIZE_NAMES == compression.QUANTIZE_NAMES
