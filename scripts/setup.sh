@@ -2,6 +2,7 @@
 # Idempotent set-up: Debian packages, .venv, the pinned TensorFlow stack, and Horovod 0.28.1
 # built against it (TensorFlow + Gloo, no MPI) with the built wheel cached outside the repo.
 set -euo pipefail
+export TF_CPP_MIN_LOG_LEVEL=3
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv="$repo/.venv"
@@ -11,6 +12,8 @@ horovod_version=0.28.1
 apt_packages=(build-essential cmake git openssh-server openssh-client iproute2 prometheus prometheus-node-exporter)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+# pip warns once per package about this machine's optional local indexes; hide only that line.
+pip_quiet() { "$venv/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 install_apt_packages() {
   local missing=()
@@ -42,14 +45,14 @@ build_horovod_wheel() {
   work=$(mktemp -d)
   trap 'rm -rf "$work"' RETURN
   log "building Horovod $horovod_version against TensorFlow $tf_version (about 4 minutes on 2 cores)"
-  "$venv/bin/pip" download -q --no-deps --no-binary :all: "horovod==$horovod_version" -d "$work"
+  pip_quiet download -q --no-deps --no-binary :all: "horovod==$horovod_version" -d "$work"
   tar -xzf "$work"/horovod-"$horovod_version".tar.gz -C "$work"
   local src="$work/horovod-$horovod_version"
   sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
   grep -q 'xla_mpi_ops' "$src/horovod/tensorflow/CMakeLists.txt" && { log "could not drop xla_mpi_ops.cc"; exit 1; }
-  sed -i 's/^\(\s*\)device_attr.iface = gloo_iface_;/\1gloo_iface_ = global_context.gloo_iface_;\n&/' \
+  perl -0pi -e 's/(GlooContext::InitializeForProcessSet.*?)(\n([ \t]*)device_attr\.iface = gloo_iface_;)/$1\n$3gloo_iface_ = global_context.gloo_iface_;$2/s' \
     "$src/horovod/common/gloo/gloo_context.cc"
-  grep -q 'gloo_iface_ = global_context.gloo_iface_;' "$src/horovod/common/gloo/gloo_context.cc" \
+  [[ $(grep -c 'gloo_iface_ = global_context.gloo_iface_;' "$src/horovod/common/gloo/gloo_context.cc") == 1 ]] \
     || { log "could not apply the Gloo interface fix"; exit 1; }
   (
     cd "$src"
@@ -71,14 +74,14 @@ install_apt_packages
 
 stamp="$venv/.globaldl-setup"
 fingerprint=$(cat "$repo/pyproject.toml" "$repo/scripts/setup.sh" | sha256sum | cut -c1-16)
-if [[ -f $stamp && $(cat "$stamp") == "$fingerprint" ]] && "$venv/bin/horovodrun" --check-build >/dev/null 2>&1; then
+if [[ -f $stamp && $(cat "$stamp") == "$fingerprint" && -x $venv/bin/horovodrun ]]; then
   log "up to date ($venv)"; exit 0
 fi
 
 [[ -x $venv/bin/python ]] || { log "creating $venv with $($python --version)"; "$python" -m venv "$venv"; }
-"$venv/bin/pip" install -q --upgrade "pip>=24" "setuptools>=77,<81" wheel
+pip_quiet install -q --upgrade "pip>=24" "setuptools>=77,<81" wheel
 log "installing globaldl and its pinned dependencies"
-"$venv/bin/pip" install -q -e "$repo[dev]"
+pip_quiet install -q -e "$repo[dev]"
 
 tf_version=$("$venv/bin/python" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
 py_tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
@@ -86,10 +89,11 @@ wheel_dir="$cache/horovod-$horovod_version-tf$tf_version-$py_tag"
 if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
   ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1 || build_horovod_wheel "$wheel_dir"
   log "installing Horovod from $wheel_dir"
-  "$venv/bin/pip" install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
-  "$venv/bin/pip" install -q "cloudpickle" "psutil" "pyyaml" "packaging"
+  pip_quiet install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+  pip_quiet install -q "cloudpickle" "psutil" "pyyaml" "packaging"
 fi
-"$venv/bin/horovodrun" --check-build | grep -q '\[X\] TensorFlow' || { log "Horovod lacks TensorFlow"; exit 1; }
-"$venv/bin/horovodrun" --check-build | grep -q '\[X\] Gloo' || { log "Horovod lacks Gloo"; exit 1; }
+check_build=$("$venv/bin/horovodrun" --check-build 2>/dev/null)
+grep -q '\[X\] TensorFlow' <<<"$check_build" || { log "Horovod lacks TensorFlow: $check_build"; exit 1; }
+grep -q '\[X\] Gloo' <<<"$check_build" || { log "Horovod lacks Gloo: $check_build"; exit 1; }
 echo "$fingerprint" > "$stamp"
 log "ready: $($venv/bin/python -c 'import tensorflow as tf, horovod; print("TensorFlow", tf.__version__, "Horovod", horovod.__version__)' 2>/dev/null)"
