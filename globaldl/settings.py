@@ -44,10 +44,10 @@ class TrainSettings:
     layers: int = 3
     width: int = 128
     epochs: int = 2
-    batch_size: int = 32
+    batch_size: int = 16
     max_steps_per_epoch: int | None = None
     optimizer: str = "sgd"
-    learning_rate: float = 0.05
+    learning_rate: float = 0.01
     momentum: float = 0.9
     scale_lr: bool = True
     seed: int = 0

@@ -1,0 +1,30 @@
+"""The `globaldl` command: one sub-command per module in this package."""
+
+from __future__ import annotations
+
+import typer
+
+from globaldl.cli import train
+
+app = typer.Typer(
+    name="globaldl",
+    help="Train one TensorFlow model across many small devices with Horovod, and show where the time goes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command(name="train")(train.train)
+
+
+@app.callback()
+def _root() -> None:
+    """Train one model across many small devices, compress its gradients, see where time goes."""
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

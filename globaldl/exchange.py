@@ -1,0 +1,88 @@
+"""The gradient exchange: the only module that calls Horovod.
+
+Everything that crosses the network goes through `Exchange`: the initial broadcast, the one
+collective per training step that carries the compressed gradients, and the small reductions
+that average validation results. The collective is chosen from what the codec declares
+(`Combine.SUM` goes through allreduce, `Combine.GATHER` through allgather), never from its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from globaldl.compression import Combine, GradientCompressor
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """What one rank receives from a step's collective."""
+
+    payload: tf.Tensor  # SUM: the element-wise sum of every rank's payload; GATHER: all buffers
+    lengths: tf.Tensor  # GATHER: int32 byte length of each rank's buffer; SUM: empty
+    wire_bytes: tf.Tensor  # int64: bytes this rank handed to collectives for this step
+
+
+class Exchange:
+    """Horovod, initialised once per process; identity of this rank and its collectives."""
+
+    def __init__(self) -> None:
+        import horovod.tensorflow as hvd
+
+        self._hvd = hvd
+        hvd.init()
+
+    @property
+    def rank(self) -> int:
+        return int(self._hvd.rank())
+
+    @property
+    def size(self) -> int:
+        return int(self._hvd.size())
+
+    @property
+    def local_rank(self) -> int:
+        return int(self._hvd.local_rank())
+
+    @property
+    def local_size(self) -> int:
+        return int(self._hvd.local_size())
+
+    def broadcast_variables(self, variables: list[tf.Variable], root_rank: int = 0) -> None:
+        """Overwrite every rank's variables with the root's (initial state, resumed state)."""
+        if variables:
+            self._hvd.broadcast_variables(variables, root_rank=root_rank)
+
+    def broadcast_value(self, value: tf.Tensor, name: str, root_rank: int = 0) -> tf.Tensor:
+        """Send one tensor from the root to every rank."""
+        return self._hvd.broadcast(value, root_rank=root_rank, name=name)
+
+    def sum_across_ranks(self, value: tf.Tensor, name: str) -> tf.Tensor:
+        """Element-wise sum of a small tensor over all ranks (validation totals, flags)."""
+        return self._hvd.allreduce(value, op=self._hvd.Sum, name=name)
+
+    def gather_across_ranks(self, value: tf.Tensor, name: str) -> tf.Tensor:
+        """Concatenate every rank's tensor along the first axis, in rank order."""
+        return self._hvd.allgather(value, name=name)
+
+    def exchange_payload(self, payload: tf.Tensor, compressor: GradientCompressor) -> Exchanged:
+        """Run the step's single gradient collective; traced inside the training step.
+
+        SUM payloads (dense fp32 or fp16) are summed by allreduce. GATHER payloads are one
+        fused uint8 buffer per rank, allgathered; when the codec's buffer length varies from
+        step to step, the per-rank lengths travel in a second, 4-byte allgather first, and
+        those bytes are counted on the wire too.
+        """
+        wire_bytes = compressor.wire_bytes(payload)
+        if compressor.combine is Combine.SUM:
+            summed = self._hvd.allreduce(payload, op=self._hvd.Sum, name="gradients")
+            return Exchanged(summed, tf.zeros([0], tf.int32), wire_bytes)
+        if compressor.fixed_payload_bytes is not None:
+            lengths = tf.fill([self.size], tf.constant(compressor.fixed_payload_bytes, tf.int32))
+        else:
+            own_length = tf.reshape(tf.size(payload, out_type=tf.int32), [1])
+            lengths = self._hvd.allgather(own_length, name="gradient_lengths")
+            wire_bytes += 4
+        gathered = self._hvd.allgather(payload, name="gradients")
+        return Exchanged(gathered, lengths, wire_bytes)

@@ -1,0 +1,429 @@
+"""The training loop: each step is data_load -> compute -> compress -> exchange -> decompress -> apply.
+
+How the phases are timed. The whole step is one `tf.function`. Between phases, `_phase_boundary`
+takes a `tf.timestamp()` that depends (by control edges) on every tensor the phase produced, and
+hands the next phase identity copies of those tensors that depend on the timestamp. So a phase
+cannot start before the previous one has finished, and each timestamp is taken exactly when its
+phase ends. The cost is six timestamp ops and a few identity ops per step (microseconds; measured
+by `globaldl bench timing`), and the loss of overlap between phases, which on CPU-only devices
+the runtime would barely exploit anyway: gradients must exist before they are compressed, and
+the collective must finish before anything is applied. The step returns its six durations with
+the loss in one small tensor, the only per-step transfer to Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+import globaldl
+from globaldl import checkpoint, summary
+from globaldl.compression import CompressionConfig, GradientCompressor
+from globaldl.exchange import Exchange
+from globaldl.models import build_model
+from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
+from globaldl.pipelines import InputPipeline, make_pipeline
+from globaldl.settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+# Layout of the vector one training step returns.
+_LOSS, _CORRECT, _WIRE_BYTES, _SKIPPED = range(len(PHASES), len(PHASES) + 4)
+
+
+@dataclass
+class EpochResult:
+    """One epoch's numbers, averaged over all ranks."""
+
+    epoch: int
+    loss: float
+    accuracy: float
+    val_loss: float
+    val_accuracy: float
+    seconds: float
+    examples_per_second: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RunTotals:
+    """What rank 0 adds up over the run for the summary."""
+
+    steps: int = 0
+    skipped_steps: int = 0
+    gradient_bytes_raw: int = 0
+    gradient_bytes_wire: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+
+def _phase_boundary(tensors: Any) -> tuple[Any, tf.Tensor]:
+    """Timestamp the end of a phase; return its outputs gated on that timestamp."""
+    with tf.control_dependencies(tf.nest.flatten(tensors)):
+        stamp = tf.timestamp()
+    with tf.control_dependencies([stamp]):
+        gated = tf.nest.map_structure(tf.identity, tensors)
+    return gated, stamp
+
+
+def _configure_threads(local_size: int) -> None:
+    """Share the machine's cores between the ranks that run on it."""
+    cores = os.cpu_count() or 1
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // max(1, local_size)))
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+
+
+def _make_optimizer(settings: TrainSettings, learning_rate: float) -> keras.optimizers.Optimizer:
+    if settings.optimizer == "adam":
+        return keras.optimizers.Adam(learning_rate=learning_rate)
+    # DGC's momentum correction accumulates momentum inside the compressor, before
+    # sparsification; the optimizer then must not apply momentum a second time.
+    momentum = 0.0 if settings.prune == "dgc" else settings.momentum
+    return keras.optimizers.SGD(learning_rate=learning_rate, momentum=momentum)
+
+
+def _optimizer_variables(optimizer: keras.optimizers.Optimizer) -> list[tf.Variable]:
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+class Trainer:
+    """Builds everything a run needs from settings, then trains epoch by epoch."""
+
+    def __init__(self, settings: TrainSettings, exchange: Exchange | None = None) -> None:
+        self.settings = settings
+        self.exchange = exchange or Exchange()
+        _configure_threads(self.exchange.local_size)
+        self.rank, self.size = self.exchange.rank, self.exchange.size
+        keras.utils.set_random_seed(settings.seed)
+        self.pipeline: InputPipeline = make_pipeline(
+            settings.dataset,
+            rank=self.rank,
+            num_ranks=self.size,
+            batch_size=settings.batch_size,
+            seed=settings.seed,
+            data_dir=settings.data_dir,
+            input_delay_ms=settings.input_delay_ms,
+        )
+        self.steps_per_epoch = self.pipeline.steps_per_epoch
+        if settings.max_steps_per_epoch is not None:
+            self.steps_per_epoch = min(self.steps_per_epoch, settings.max_steps_per_epoch)
+        spec = self.pipeline.spec
+        self.model = build_model(
+            settings.model,
+            input_shape=spec.input_shape,
+            num_classes=spec.num_classes,
+            resnet_depth=settings.depth,
+            mlp_layers=settings.layers,
+            mlp_width=settings.width,
+            seed=settings.seed,
+        )
+        self.model(tf.zeros((1, *spec.input_shape)), training=False)
+        self.variables = list(self.model.trainable_variables)
+        self.learning_rate = settings.learning_rate * (self.size if settings.scale_lr else 1)
+        self.optimizer = _make_optimizer(settings, self.learning_rate)
+        self.optimizer.build(self.variables)
+        self.compressor = GradientCompressor(
+            CompressionConfig(
+                prune=settings.prune,
+                density=settings.density,
+                quantize=settings.quantize,
+                error_feedback=settings.error_feedback,
+                block_size=settings.block_size,
+                qsgd_levels=settings.qsgd_levels,
+                weight_sparsity=settings.weight_sparsity,
+                momentum=settings.momentum,
+                warmup_epochs=settings.warmup_epochs,
+                seed=settings.seed + self.rank,
+            ),
+            self.variables,
+            steps_per_epoch=self.steps_per_epoch,
+        )
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        self.shared_state = tf.train.Checkpoint(
+            model=self.model, optimizer=self.optimizer, step=self.step, epoch=self.epoch
+        )
+        self.local_state = tf.train.Checkpoint(
+            **{f"compressor_{index}": v for index, v in enumerate(self.compressor.state_variables)}
+        )
+        self._train_step = self._build_train_step()
+
+    # ----------------------------------------------------------------- the step
+    def _build_train_step(self) -> Callable[[Any], tf.Tensor]:
+        model, compressor, exchange = self.model, self.compressor, self.exchange
+        variables, optimizer, loss_fn = self.variables, self.optimizer, self.loss_fn
+        num_ranks = tf.constant(self.size, tf.int32)
+
+        @tf.function
+        def train_step(iterator: Any) -> tf.Tensor:
+            start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                images, labels = next(iterator)
+            (images, labels), loaded = _phase_boundary((images, labels))
+
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                loss = loss_fn(labels, logits)
+                if model.losses:
+                    loss += tf.add_n(model.losses)
+            gradients = compressor.mask_gradients(tape.gradient(loss, variables))
+            correct = tf.reduce_sum(
+                tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float64)
+            )
+            (gradients, loss, correct), computed = _phase_boundary((gradients, loss, correct))
+
+            payload, update = compressor.compress(gradients, self.step.read_value())
+            (payload, update), compressed = _phase_boundary((payload, update))
+
+            sent = exchange.exchange_payload(payload, compressor)
+            (received, lengths, wire_bytes), exchanged = _phase_boundary(
+                (sent.payload, sent.lengths, sent.wire_bytes)
+            )
+
+            averaged, nonfinite = compressor.decompress(received, lengths, num_ranks)
+            (averaged, nonfinite), decompressed = _phase_boundary((averaged, nonfinite))
+
+            def apply() -> tf.Tensor:
+                optimizer.apply_gradients(zip(averaged, variables))
+                compressor.apply_state(update)
+                compressor.apply_weight_masks()
+                return tf.constant(0.0, tf.float64)
+
+            # Every rank sees every rank's nonfinite flag in the exchanged payload, so all
+            # ranks take the same branch: skip the step, leave weights and residuals untouched.
+            skipped = tf.cond(nonfinite, lambda: tf.constant(1.0, tf.float64), apply)
+            with tf.control_dependencies([skipped]):
+                advanced = self.step.assign_add(1)
+            (skipped, _), applied = _phase_boundary((skipped, advanced))
+
+            stamps = tf.stack([start, loaded, computed, compressed, exchanged, decompressed, applied])
+            phase_seconds = stamps[1:] - stamps[:-1]
+            extras = tf.stack(
+                [tf.cast(loss, tf.float64), correct, tf.cast(wire_bytes, tf.float64), skipped]
+            )
+            return tf.concat([phase_seconds, extras], axis=0)
+
+        return train_step
+
+    @tf.function
+    def _validation_step(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        logits = self.model(images, training=False)
+        losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
+        return tf.stack(
+            [
+                tf.reduce_sum(tf.cast(losses, tf.float64)),
+                tf.reduce_sum(tf.cast(correct, tf.float64)),
+                tf.cast(tf.size(labels), tf.float64),
+            ]
+        )
+
+    # ----------------------------------------------------------------- state
+    def _broadcast_shared_state(self) -> None:
+        shared = [*self.model.variables, *_optimizer_variables(self.optimizer), self.step, self.epoch]
+        self.exchange.broadcast_variables(shared, root_rank=0)
+
+    def _restore(self) -> int:
+        """Load the newest good checkpoint on rank 0 and broadcast it; return its epoch."""
+        directory = self.settings.checkpoint_dir
+        assert directory is not None
+        found = checkpoint.latest_good(directory) if self.rank == 0 else None
+        epoch = -1 if found is None else found[0]
+        if self.rank == 0 and epoch >= 0:
+            checkpoint.restore(directory, epoch, self.shared_state)
+        epoch = int(self.exchange.broadcast_value(tf.constant(epoch, tf.int64), "resume_epoch"))
+        if epoch < 0:
+            if self.rank == 0:
+                log.warning("no usable checkpoint in %s; starting from scratch", directory)
+            return 0
+        local_dir = checkpoint.rank_dir(directory, self.rank)
+        try:
+            checkpoint.restore(local_dir, epoch, self.local_state)
+        except checkpoint.CheckpointError as error:
+            # A device that never held this rank (or lost its disk) starts its residuals at
+            # zero: what it had not yet sent is lost, which error feedback tolerates.
+            log.warning("rank %d: %s; its compression state starts empty", self.rank, error)
+        return epoch
+
+    def _save(self, epoch: int) -> None:
+        directory = self.settings.checkpoint_dir
+        assert directory is not None
+        self.epoch.assign(epoch)
+        metadata = {"step": int(self.step.numpy()), "ranks": self.size}
+        if self.compressor.state_variables:
+            checkpoint.save(checkpoint.rank_dir(directory, self.rank), epoch, self.local_state, metadata)
+        if self.rank == 0:
+            checkpoint.save(directory, epoch, self.shared_state, metadata)
+
+    # ----------------------------------------------------------------- the loop
+    def _validate(self) -> tuple[float, float, float]:
+        totals = tf.zeros([3], tf.float64)
+        for images, labels in self.pipeline.validation_batches():
+            totals += self._validation_step(images, labels)
+        return tuple(self.exchange.sum_across_ranks(totals, "validation").numpy())  # type: ignore[return-value]
+
+    def fit(self, observer: TrainingObserver) -> dict[str, Any]:
+        """Train for the configured epochs; return the run summary (rank 0's view)."""
+        settings = self.settings
+        started = time.perf_counter()
+        first_epoch = self._restore() if settings.resume else 0
+        self._broadcast_shared_state()
+        totals = RunTotals()
+        history: list[dict[str, Any]] = []
+        raw_bytes = int(self.compressor.raw_bytes_per_step)
+        global_batch = settings.batch_size * self.size
+        last = EpochResult(first_epoch, float("nan"), 0.0, float("nan"), 0.0, 0.0, 0.0)
+        for epoch in range(first_epoch, settings.epochs):
+            epoch_started = time.perf_counter()
+            iterator = iter(self.pipeline.train_batches(epoch))
+            train_totals = np.zeros(3)  # loss sum, correct, examples (finite steps only)
+            for _ in range(self.steps_per_epoch):
+                values = self._train_step(iterator).numpy()
+                phases = dict(zip(PHASES, values[: len(PHASES)].tolist(), strict=True))
+                skipped = bool(values[_SKIPPED])
+                wire_bytes = int(values[_WIRE_BYTES])
+                if not skipped:
+                    train_totals += (values[_LOSS] * settings.batch_size, values[_CORRECT], settings.batch_size)
+                observer.observe_step(phases, settings.batch_size, raw_bytes, wire_bytes,
+                                      float(values[_LOSS]), skipped=skipped)
+                totals.steps += 1
+                totals.skipped_steps += int(skipped)
+                totals.gradient_bytes_raw += raw_bytes
+                totals.gradient_bytes_wire += wire_bytes
+                for name, seconds in phases.items():
+                    totals.phase_seconds[name] += seconds
+            train_seconds = time.perf_counter() - epoch_started
+            train_sum = self.exchange.sum_across_ranks(tf.constant(train_totals), "train_totals").numpy()
+            val_loss_sum, val_correct, val_count = self._validate()
+            last = EpochResult(
+                epoch=epoch + 1,
+                loss=float(train_sum[0] / max(train_sum[2], 1)),
+                accuracy=float(train_sum[1] / max(train_sum[2], 1)),
+                val_loss=float(val_loss_sum / max(val_count, 1)),
+                val_accuracy=float(val_correct / max(val_count, 1)),
+                seconds=time.perf_counter() - epoch_started,
+                examples_per_second=self.steps_per_epoch * global_batch / max(train_seconds, 1e-9),
+            )
+            history.append(last.as_dict())
+            observer.observe_epoch(last.epoch, last.val_loss, last.val_accuracy)
+            if settings.checkpoint_dir is not None:
+                self._save(last.epoch)
+            if self.rank == 0:
+                self._print_progress(last, totals)
+        digests = self._weight_digests()
+        result = self._summary(last, totals, history, time.perf_counter() - started, first_epoch)
+        result["weight_digests"] = digests
+        result["weights_identical"] = len(set(digests)) == 1
+        return result
+
+    def _weight_digests(self) -> list[str]:
+        """SHA-256 of this rank's final weights, gathered from every rank in rank order."""
+        digest = hashlib.sha256()
+        for variable in self.model.variables:
+            digest.update(variable.numpy().tobytes())
+        own = tf.constant(np.frombuffer(digest.digest(), dtype=np.uint8))
+        gathered = self.exchange.gather_across_ranks(own, "weight_digests").numpy()
+        return [row.tobytes().hex() for row in gathered.reshape(self.size, -1)]
+
+    def _print_progress(self, result: EpochResult, totals: RunTotals) -> None:
+        step_total = sum(totals.phase_seconds.values()) or 1.0
+        shares = " ".join(
+            f"{name} {100 * seconds / step_total:.0f}%" for name, seconds in totals.phase_seconds.items()
+        )
+        print(
+            f"epoch {result.epoch}/{self.settings.epochs}  loss {result.loss:.4f}  "
+            f"acc {result.accuracy:.4f}  val_loss {result.val_loss:.4f}  "
+            f"val_acc {result.val_accuracy:.4f}  {result.examples_per_second:.0f} examples/s  "
+            f"{result.seconds:.1f}s  [{shares}]",
+            flush=True,
+        )
+
+    def _summary(
+        self,
+        last: EpochResult,
+        totals: RunTotals,
+        history: list[dict[str, Any]],
+        wall_seconds: float,
+        first_epoch: int,
+    ) -> dict[str, Any]:
+        import horovod
+
+        settings = self.settings
+        return {
+            "schema_version": summary.SCHEMA_VERSION,
+            "run_id": settings.run_id or "run",
+            "model": settings.model,
+            "model_options": {"depth": settings.depth, "layers": settings.layers, "width": settings.width},
+            "dataset": settings.dataset,
+            "ranks": self.size,
+            "epochs": settings.epochs,
+            "steps": totals.steps,
+            "skipped_steps": totals.skipped_steps,
+            "global_batch_size": settings.batch_size * self.size,
+            "learning_rate": self.learning_rate,
+            "val_accuracy": last.val_accuracy,
+            "val_loss": last.val_loss if np.isfinite(last.val_loss) else 0.0,
+            "history": history,
+            "wall_seconds": wall_seconds,
+            "phase_seconds": totals.phase_seconds,
+            "gradient_bytes_raw": totals.gradient_bytes_raw,
+            "gradient_bytes_wire": totals.gradient_bytes_wire,
+            "compression_ratio": summary.compression_ratio(
+                totals.gradient_bytes_raw, totals.gradient_bytes_wire
+            ),
+            "compression": settings.compression_settings(),
+            "resumed_from_epoch": first_epoch if settings.resume else None,
+            "devices": [settings.device or socket.gethostname()],
+            "versions": {
+                "tensorflow": tf.__version__,
+                "horovod": horovod.__version__,
+                "globaldl": globaldl.__version__,
+                "python": platform.python_version(),
+            },
+        }
+
+
+def run(settings: TrainSettings) -> dict[str, Any]:
+    """Train with `settings`; rank 0 writes the summary. Returns the summary."""
+    if settings.summary is not None:
+        summary.check_writable(settings.summary)
+    if settings.checkpoint_dir is not None:
+        checkpoint.check_writable(settings.checkpoint_dir)
+    trainer = Trainer(settings)
+    if settings.run_id is None:
+        # Every rank labels its metrics with the same run id: rank 0's start time.
+        started = trainer.exchange.broadcast_value(tf.constant(int(time.time()), tf.int64), "run_id")
+        run_id = time.strftime("run-%Y%m%d-%H%M%S", time.gmtime(int(started)))
+        trainer.settings = settings = settings.replace(run_id=run_id)
+    observer: TrainingObserver = NullObserver()
+    if settings.metrics_port is not None:
+        observer = start_exporter(
+            port=settings.metrics_port + trainer.exchange.local_rank,
+            addr=settings.metrics_addr,
+            rank=trainer.rank,
+            device=settings.device or socket.gethostname(),
+            run_id=str(settings.run_id),
+            certfile=str(settings.metrics_certfile) if settings.metrics_certfile else None,
+            keyfile=str(settings.metrics_keyfile) if settings.metrics_keyfile else None,
+        )
+    try:
+        result = trainer.fit(observer)
+    finally:
+        observer.close()
+    if trainer.rank == 0 and settings.summary is not None:
+        summary.write(settings.summary, result)
+    return result
