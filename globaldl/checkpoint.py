@@ -21,8 +21,10 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import tensorflow as tf
+if TYPE_CHECKING:  # TensorFlow loads only when a checkpoint is really written or read
+    import tensorflow as tf
 
 KEEP = 3
 MANIFEST = "manifest.json"
@@ -123,6 +125,8 @@ def latest_good(directory: Path) -> tuple[int, dict] | None:
 
 def restore(directory: Path, epoch: int, checkpoint: tf.train.Checkpoint) -> dict:
     """Verify, then load the checkpoint of `epoch` into `checkpoint`'s objects."""
+    import tensorflow as tf
+
     path = Path(directory) / epoch_dir_name(epoch)
     manifest = verify(path)
     try:
