@@ -1,0 +1,102 @@
+"""Where benchmark and experiment numbers go: JSON for machines, markdown for people, both atomic."""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from globaldl.summary import write_json_atomically
+
+
+def machine_description() -> dict[str, Any]:
+    """The machine a number was measured on: CPU, cores, memory, software versions."""
+    import psutil
+    import tensorflow as tf
+
+    import globaldl
+
+    cpu_model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import horovod
+
+        horovod_version = horovod.__version__
+    except ImportError:
+        horovod_version = "not installed"
+    return {
+        "cpu": cpu_model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "horovod": horovod_version,
+        "globaldl": globaldl.__version__,
+    }
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A GitHub markdown table of `rows`; floats get 4 significant digits."""
+    if not rows:
+        return "(no rows)\n"
+    columns = list(columns or rows[0].keys())
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return "" if value is None else str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(column)) for column in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(
+    out_dir: Path,
+    name: str,
+    title: str,
+    rows: Sequence[Mapping[str, Any]],
+    notes: str = "",
+    command: str = "",
+    columns: Sequence[str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> tuple[Path, Path]:
+    """Write `name`.json and `name`.md into `out_dir` (atomically); return both paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    machine = machine_description()
+    document = {"title": title, "command": command, "machine": machine, "rows": list(rows),
+                **(extra or {})}
+    json_path = out_dir / f"{name}.json"
+    write_json_atomically(json_path, document)
+    machine_line = ", ".join(f"{key} {value}" for key, value in machine.items())
+    text = f"# {title}\n\n"
+    if command:
+        text += f"Measured with `{command}`\n\n"
+    text += f"Machine: {machine_line}.\n\n" + markdown_table(rows, columns)
+    if notes:
+        text += "\n" + notes.strip() + "\n"
+    md_path = out_dir / f"{name}.md"
+    _write_text_atomically(md_path, text)
+    return json_path, md_path
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
