@@ -11,8 +11,10 @@ setup:
 demo: setup
 	@bash scripts/demo.sh
 
+# pytest as a console script, not `python -m pytest`: the latter puts the repository root on
+# sys.path, where the folder compression/ would shadow the standard library's `compression`.
 test: setup
-	@$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: setup
 	@$(VENV)/bin/ruff check globaldl compression pipelines monitoring tests

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from globaldl import summary as summary_module
-from tests.integration.launch import horovod_train
+from horovod_launch import horovod_train
 
 pytestmark = pytest.mark.horovod
 
