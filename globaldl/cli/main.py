@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from globaldl.cli import train
+from globaldl.cli import bench, fleet, train
 
 app = typer.Typer(
     name="globaldl",
@@ -14,6 +14,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command(name="train")(train.train)
+app.add_typer(bench.app, name="bench")
+app.add_typer(fleet.app, name="fleet")
 
 
 @app.callback()

@@ -1,0 +1,221 @@
+"""Run training (or any Horovod program) across the live devices with horovodrun over ssh."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from globaldl.fleet.accounting import ByteAccounting, account_bytes
+from globaldl.fleet.fleet import Fleet, read_interface_counters
+from globaldl.fleet.state import DeviceState
+from globaldl.fleet.system import write_atomically
+
+BIN = Path(sys.executable).parent
+DEFAULT_RUNS_DIR = Path("runs/fleet")
+DEFAULT_START_TIMEOUT_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class FleetRunResult:
+    """What one `fleet run` did: the command, its exit code, and the byte accounting if any."""
+
+    argv: list[str]
+    returncode: int
+    hosts: list[str]
+    run_id: str
+    seconds: float
+    counters_before: dict[str, dict[str, int]]
+    counters_after: dict[str, dict[str, int]]
+    summary_path: Path | None
+    accounting: ByteAccounting | None
+    accounting_path: Path | None
+    targets_path: Path | None
+
+
+def horovodrun_argv(
+    devices: list[DeviceState],
+    identity_file: Path,
+    worker_argv: list[str],
+    *,
+    horovodrun: Path = BIN / "horovodrun",
+    start_timeout_seconds: int = DEFAULT_START_TIMEOUT_SECONDS,
+    network_interface: str | None = None,
+) -> list[str]:
+    """`horovodrun -np N -H a:1,b:1 --gloo --ssh-identity-file KEY WORKER...`: a rank per device."""
+    if not devices:
+        raise ValueError(
+            "no live devices to run on; check `globaldl fleet status` or `fleet revive`"
+        )
+    argv = [
+        str(horovodrun),
+        "-np",
+        str(len(devices)),
+        "-H",
+        ",".join(f"{d.address}:1" for d in devices),
+        "--gloo",
+        "--ssh-identity-file",
+        str(identity_file),
+        "--start-timeout",
+        str(start_timeout_seconds),
+    ]
+    if network_interface:
+        argv += ["--network-interface", network_interface]
+    return argv + worker_argv
+
+
+def option_value(args: list[str], option: str) -> str | None:
+    """The value of `--option X` or `--option=X` in a command line, or None."""
+    for index, arg in enumerate(args):
+        if arg == option and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(f"{option}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def train_argv(
+    train_args: list[str],
+    *,
+    run_id: str,
+    summary: Path,
+    metrics_port: int | None,
+    globaldl: Path = BIN / "globaldl",
+) -> list[str]:
+    """`globaldl train ARGS` with run id and summary path, metrics on each device's own address.
+
+    horovodrun runs one command line on every device, so the address is resolved on the device:
+    each device's host name maps to its own address in its /etc/hosts (`hostname -i`).
+    """
+    args = [str(globaldl), "train", *train_args]
+    if option_value(train_args, "--run-id") is None:
+        args += ["--run-id", run_id]
+    if option_value(train_args, "--summary") is None:
+        args += ["--summary", str(summary)]
+    if metrics_port is not None and option_value(train_args, "--metrics-port") is None:
+        args += ["--metrics-port", str(metrics_port)]
+    if (
+        option_value(args, "--metrics-port") is not None
+        and option_value(train_args, "--metrics-addr") is None
+    ):
+        return ["/bin/sh", "-c", 'exec "$@" --metrics-addr "$(hostname -i)"', "sh", *args]
+    return args
+
+
+def new_run_id() -> str:
+    """A run id from the launch time, e.g. fleet-20250101-120000."""
+    return datetime.now(timezone.utc).strftime("fleet-%Y%m%d-%H%M%S")
+
+
+def run_on_fleet(
+    fleet: Fleet,
+    worker_argv: list[str],
+    *,
+    run_id: str,
+    summary_path: Path | None = None,
+    targets_dir: Path | None = None,
+    metrics_port: int | None = None,
+    timeout_seconds: float = 3600,
+    start_timeout_seconds: int = DEFAULT_START_TIMEOUT_SECONDS,
+    network_interface: str | None = None,
+    env: dict[str, str] | None = None,
+) -> FleetRunResult:
+    """Launch `worker_argv` on every live device, then compare interface counters with the summary.
+
+    Registers one Prometheus file-SD target per device (its address : metrics_port) while the
+    run lasts, when `targets_dir` and `metrics_port` are given.
+    """
+    state = fleet.require_state()
+    devices = fleet.live_devices()
+    argv = horovodrun_argv(
+        devices,
+        Path(state.identity_file),
+        worker_argv,
+        start_timeout_seconds=start_timeout_seconds,
+        network_interface=network_interface,
+    )
+    targets_path = None
+    if targets_dir is not None and metrics_port is not None:
+        from globaldl.monitoring.discovery import write_targets
+
+        targets_path = write_targets(
+            targets_dir,
+            run_id=run_id,
+            hosts=[(d.address, 1) for d in devices],
+            base_port=metrics_port,
+        )
+    counters_before = {d.name: read_interface_counters(d.name) for d in devices}
+    started_wall = time.time()
+    started = time.monotonic()
+    try:
+        returncode = _run_bounded(argv, timeout_seconds, env)
+    finally:
+        seconds = time.monotonic() - started
+        if targets_path is not None:
+            from globaldl.monitoring.discovery import remove_targets
+
+            remove_targets(targets_dir, run_id)  # type: ignore[arg-type]
+        # Workers orphaned by a failed or timed-out launch would hold the device (and its port).
+        fleet.kill_workers()
+    counters_after = {d.name: read_interface_counters(d.name) for d in devices}
+    accounting = accounting_path = None
+    # A summary left by an earlier run must not be accounted against this run's counters.
+    if (
+        summary_path is not None
+        and summary_path.exists()
+        and summary_path.stat().st_mtime >= started_wall
+    ):
+        accounting = account_bytes(
+            counters_before, counters_after, json.loads(summary_path.read_text()), seconds
+        )
+        accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
+        write_atomically(accounting_path, json.dumps(accounting.to_dict(), indent=2) + "\n")
+    return FleetRunResult(
+        argv=argv,
+        returncode=returncode,
+        hosts=[f"{d.address}:1" for d in devices],
+        run_id=run_id,
+        seconds=seconds,
+        counters_before=counters_before,
+        counters_after=counters_after,
+        summary_path=summary_path,
+        accounting=accounting,
+        accounting_path=accounting_path,
+        targets_path=targets_path,
+    )
+
+
+def _run_bounded(argv: list[str], timeout_seconds: float, env: dict[str, str] | None) -> int:
+    """Run horovodrun in its own process group; on timeout or Ctrl-C stop the whole group."""
+    process = subprocess.Popen(
+        argv, env=env if env is not None else os.environ.copy(), start_new_session=True
+    )
+    try:
+        return process.wait(timeout=timeout_seconds)
+    except subprocess.TimeoutExpired:
+        _stop_group(process)
+        raise TimeoutError(
+            f"horovodrun did not finish within {timeout_seconds:g} s; stopped it"
+        ) from None
+    except BaseException:
+        _stop_group(process)
+        raise
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    for signum, wait_seconds in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait_seconds)
+            return
+        except subprocess.TimeoutExpired:
+            continue

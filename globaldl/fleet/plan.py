@@ -1,0 +1,144 @@
+"""Plan a fleet before touching the system: names, addresses, links and limits that fit."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from globaldl.fleet.cgroups import CPU_PERIOD_MICROSECONDS, MIN_CPU_QUOTA_MICROSECONDS
+from globaldl.fleet.profiles import LinkProfile
+from globaldl.fleet.system import machine_cores, machine_memory_bytes
+
+DEFAULT_PREFIX = "gdl"
+DEFAULT_SUBNET = "10.77.0.0/24"
+# A mid-sized edge device (Raspberry Pi 4 / Jetson Nano class) has 2-4 GB.
+DEFAULT_MEMORY_MB = 2048
+MIN_MEMORY_MB = 64
+MAX_DEVICES = 999
+# Interface names are at most 15 bytes: "<prefix>-<999>-h" must fit.
+_PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device to create: name (= namespace = host name), address, link and limits."""
+
+    name: str
+    address: str
+    host_interface: str
+    profile: LinkProfile
+    cpu_cores: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """Everything `fleet up` will create, decided and validated up front."""
+
+    prefix: str
+    subnet: str
+    bridge: str
+    host_address: str
+    devices: tuple[DeviceSpec, ...]
+
+    @property
+    def prefix_length(self) -> int:
+        """Bits of the subnet's network part (24 for a /24)."""
+        return ipaddress.ip_network(self.subnet).prefixlen
+
+    @property
+    def total_cpu_cores(self) -> float:
+        """CPU cores promised to all devices together."""
+        return sum(device.cpu_cores for device in self.devices)
+
+    @property
+    def total_memory_bytes(self) -> int:
+        """Memory promised to all devices together."""
+        return sum(device.memory_bytes for device in self.devices)
+
+
+def plan_fleet(
+    profiles: list[LinkProfile],
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    subnet: str = DEFAULT_SUBNET,
+    cpu_cores: float | None = None,
+    memory_mb: int | None = None,
+    force: bool = False,
+    available_cores: float | None = None,
+    available_memory_bytes: int | None = None,
+) -> FleetPlan:
+    """Name and address one device per profile and give each a CPU and memory share.
+
+    By default the machine's cores and memory are split evenly (`--cpu` = cores / devices).
+    Promising more than the machine has is refused unless `force` is set.
+    """
+    count = len(profiles)
+    if count < 1:
+        raise ValueError(f"a fleet needs at least 1 device, got {count}")
+    if count > MAX_DEVICES:
+        raise ValueError(f"at most {MAX_DEVICES} devices, got {count}")
+    if not _PREFIX_PATTERN.match(prefix):
+        raise ValueError(
+            f"prefix must be 1-8 lowercase letters/digits starting with a letter, got {prefix!r}"
+        )
+    try:
+        network = ipaddress.ip_network(subnet, strict=True)
+    except ValueError as error:
+        raise ValueError(f"bad subnet {subnet!r}: {error}") from None
+    if network.version != 4:
+        raise ValueError(f"subnet must be IPv4, got {subnet!r}")
+    hosts = list(network.hosts())
+    if len(hosts) < count + 1:
+        raise ValueError(
+            f"subnet {subnet} has room for {len(hosts) - 1} devices, {count} asked for"
+        )
+
+    cores = float(available_cores if available_cores is not None else machine_cores())
+    memory_total_bytes = (
+        available_memory_bytes if available_memory_bytes is not None else machine_memory_bytes()
+    )
+    per_device_cores = cpu_cores if cpu_cores is not None else cores / count
+    min_cores = MIN_CPU_QUOTA_MICROSECONDS / CPU_PERIOD_MICROSECONDS
+    if not per_device_cores >= min_cores:
+        raise ValueError(
+            f"--cpu must be at least {min_cores} core per device, got {per_device_cores:g}"
+        )
+    if per_device_cores * count > cores + 1e-9 and not force:
+        raise ValueError(
+            f"{count} devices x {per_device_cores:g} cores = {per_device_cores * count:g} cores, "
+            f"more than this machine's {cores:g}; lower --cpu (default {cores:g}/devices), use "
+            "fewer devices, or pass --force to oversubscribe"
+        )
+    if memory_mb is None:
+        memory_mb = min(DEFAULT_MEMORY_MB, memory_total_bytes // (count * 1024 * 1024))
+    if memory_mb < MIN_MEMORY_MB:
+        raise ValueError(
+            f"--memory must be at least {MIN_MEMORY_MB} MB per device, got {memory_mb}"
+        )
+    memory_bytes = memory_mb * 1024 * 1024
+    if memory_bytes * count > memory_total_bytes and not force:
+        raise ValueError(
+            f"{count} devices x {memory_mb} MB = {memory_mb * count} MB, more than this machine's "
+            f"{memory_total_bytes // 2**20} MB; lower --memory, use fewer devices, or pass --force"
+        )
+
+    devices = tuple(
+        DeviceSpec(
+            name=f"{prefix}-{index}",
+            address=str(hosts[index]),
+            host_interface=f"{prefix}-{index}-h",
+            profile=profile,
+            cpu_cores=per_device_cores,
+            memory_bytes=memory_bytes,
+        )
+        for index, profile in enumerate(profiles, start=1)
+    )
+    return FleetPlan(
+        prefix=prefix,
+        subnet=str(network),
+        bridge=f"{prefix}-br",
+        host_address=str(hosts[0]),
+        devices=devices,
+    )

@@ -1,0 +1,184 @@
+"""One sshd per device (key login only), so horovodrun reaches devices as it reaches real hosts."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+from pathlib import Path
+
+from globaldl.fleet.cgroups import join_groups
+from globaldl.fleet.system import process_start_ticks, run, write_atomically
+
+SSHD = "/usr/sbin/sshd"
+SSH_PORT = 22
+
+
+def generate_key(path: Path, comment: str) -> str:
+    """Create an ed25519 key pair at `path` (+ `.pub`); return the public key line."""
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+    return Path(f"{path}.pub").read_text().strip()
+
+
+def sshd_config_text(address: str, host_key: Path, authorized_keys: Path, pid_file: Path) -> str:
+    """An sshd configuration for one device: its own address, root by key only, no PAM."""
+    return "\n".join(
+        [
+            f"ListenAddress {address}:{SSH_PORT}",
+            f"HostKey {host_key}",
+            f"PidFile {pid_file}",
+            f"AuthorizedKeysFile {authorized_keys}",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            # PAM (pam_systemd) would move sessions out of the device's cgroups.
+            "UsePAM no",
+            "StrictModes yes",
+            "X11Forwarding no",
+            "PrintMotd no",
+            # Horovod opens one ssh session per rank and per probe at once.
+            "MaxStartups 100:30:200",
+            "MaxSessions 100",
+            "LogLevel INFO",
+            "",
+        ]
+    )
+
+
+def ensure_privilege_separation_dir() -> bool:
+    """Create sshd's empty chroot directory /run/sshd if missing; return True if created here."""
+    path = Path("/run/sshd")
+    if path.is_dir():
+        return False
+    path.mkdir(mode=0o755)
+    return True
+
+
+def start_sshd(
+    netns: str, hostname: str, config: Path, log: Path, groups: list[str]
+) -> tuple[int, int]:
+    """Start a device's sshd in its namespace, with its own host name, inside its cgroups.
+
+    The launching process joins the cgroups before exec, so sshd and every session it forks
+    (the training processes) inherit the device's CPU and memory limits. `unshare --uts` gives
+    the device its own host name. Returns (pid, start ticks) of the daemonised sshd.
+    """
+    pid_file = _config_value(config, "PidFile")
+    pid_file.unlink(missing_ok=True)
+    launcher = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            'hostname "$1" && exec "$2" -f "$3" -E "$4"',
+            "sh",
+            hostname,
+            SSHD,
+            str(config),
+            str(log),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: join_groups(groups),  # noqa: PLW1509 (no threads run in the CLI)
+        start_new_session=True,
+    )
+    try:
+        _, stderr = launcher.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.communicate()
+        raise RuntimeError(f"sshd for {netns} did not daemonise within 15 s; see {log}") from None
+    if launcher.returncode != 0:
+        raise RuntimeError(
+            f"sshd for {netns} failed to start (exit {launcher.returncode}): {stderr.strip()}; see "
+            f"{log}"
+        )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = pid_file.read_text().strip() if pid_file.exists() else ""
+        if text:
+            pid = int(text)
+            ticks = process_start_ticks(pid)
+            if ticks is not None:
+                return pid, ticks
+        time.sleep(0.05)
+    raise RuntimeError(f"sshd for {netns} wrote no pid file {pid_file} within 10 s; see {log}")
+
+
+def _config_value(config: Path, key: str) -> Path:
+    for line in config.read_text().splitlines():
+        if line.startswith(f"{key} "):
+            return Path(line.split(maxsplit=1)[1])
+    raise ValueError(f"{config} has no {key}")
+
+
+def wait_for_login(
+    address: str, identity_file: Path, expected_hostname: str, timeout_seconds: float = 20.0
+) -> None:
+    """Log in by key as horovodrun will, until the device answers with its own host name."""
+    deadline = time.monotonic() + timeout_seconds
+    last_error = ""
+    while time.monotonic() < deadline:
+        completed = run(
+            [
+                "ssh",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=no",
+                # Our own probe must not add entries to the user's known_hosts.
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "LogLevel=ERROR",
+                "-o",
+                "ConnectTimeout=3",
+                "-i",
+                str(identity_file),
+                f"root@{address}",
+                "hostname",
+            ],
+            check=False,
+            timeout_seconds=10,
+        )
+        if completed.returncode == 0 and completed.stdout.strip() == expected_hostname:
+            return
+        last_error = completed.stderr.strip() or f"host name {completed.stdout.strip()!r}"
+        time.sleep(0.2)
+    raise RuntimeError(
+        f"could not log in to {expected_hostname} ({address}) by ssh within {timeout_seconds:g} s: "
+        f"{last_error}"
+    )
+
+
+def known_hosts_path() -> Path:
+    """The file ssh (and so horovodrun) adds host keys to: ~/.ssh/known_hosts of the real user."""
+    return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "known_hosts"
+
+
+def forget_host_keys(known_hosts: Path, public_keys: list[str]) -> int:
+    """Drop known_hosts lines holding one of our (fresh, fleet-only) host keys; return how many.
+
+    Matching on the key rather than the address works with hashed host names and never
+    touches an entry for another machine that happened to use the same address.
+    """
+    ours = {" ".join(key.split()[:2]) for key in public_keys}
+    try:
+        lines = known_hosts.read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        return 0
+    kept = [line for line in lines if " ".join(line.split()[1:3]) not in ours]
+    removed = len(lines) - len(kept)
+    if removed:
+        write_atomically(known_hosts, "".join(kept), mode=known_hosts.stat().st_mode & 0o777)
+    return removed

@@ -1,0 +1,202 @@
+"""Helpers for fleet tests: unique names and subnet per test, a CLI runner, leftover checks."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import pwd
+import random
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+CLI_TIMEOUT_SECONDS = 120
+KNOWN_HOSTS = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "known_hosts"
+
+
+def read_text_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _system_skip_reason() -> str | None:
+    """Why fleet tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "fleet tests need root (namespaces, links, qdiscs, cgroups)"
+    for tool in ("ip", "tc", "unshare", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not Path("/usr/sbin/sshd").exists():
+        return "/usr/sbin/sshd is not installed"
+    for controller in ("cpu", "memory"):
+        if not Path(f"/sys/fs/cgroup/{controller}/cgroup.procs").exists():
+            return (
+                f"cgroup v1 {controller} controller is not mounted at /sys/fs/cgroup/{controller}"
+            )
+    probe = subprocess.run(
+        ["unshare", "--net", "true"], capture_output=True, text=True, check=False
+    )
+    if probe.returncode != 0:
+        return f"cannot create network namespaces: {probe.stderr.strip()}"
+    return None
+
+
+SKIP_REASON = _system_skip_reason()
+needs_fleet_system = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+
+
+def free_subnet() -> str:
+    """A /24 in 10.213-10.223 that overlaps no address or route on this machine."""
+    used: list[ipaddress.IPv4Network] = []
+    for entry in json.loads(
+        subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout
+    ):
+        for address in entry.get("addr_info", []):
+            used.append(
+                ipaddress.ip_interface(f"{address['local']}/{address['prefixlen']}").network
+            )
+    for route in json.loads(
+        subprocess.run(["ip", "-j", "-4", "route"], capture_output=True, text=True).stdout
+    ):
+        if route.get("dst", "default") != "default":
+            used.append(ipaddress.ip_network(route["dst"], strict=False))
+    for _ in range(200):
+        candidate = ipaddress.ip_network(
+            f"10.{random.randint(213, 223)}.{random.randint(0, 255)}.0/24"
+        )
+        if not any(candidate.overlaps(network) for network in used):
+            return str(candidate)
+    raise RuntimeError("no free test subnet found")
+
+
+@dataclass
+class FleetUnderTest:
+    """One test's fleet: its unique prefix, subnet and state dir, and a CLI runner bound to them."""
+
+    prefix: str
+    subnet: str
+    state_dir: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "GLOBALDL_FLEET_STATE_DIR": str(self.state_dir), **self.extra_env}
+
+    def cli_argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "globaldl.cli.fleet", *args]
+
+    def cli(
+        self, *args: str, timeout_seconds: float = CLI_TIMEOUT_SECONDS
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.cli_argv(*args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_seconds,
+            check=False,
+        )
+
+    def up(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`fleet up ARGS` with this test's prefix and subnet; fails the test if it fails."""
+        completed = self.cli("up", "--prefix", self.prefix, "--subnet", self.subnet, *args)
+        assert completed.returncode == 0, (
+            f"fleet up failed:\n{completed.stdout}\n{completed.stderr}"
+        )
+        return completed
+
+    def state(self) -> dict:
+        return json.loads((self.state_dir / "fleet.json").read_text())
+
+    def device(self, index: int) -> str:
+        return f"{self.prefix}-{index}"
+
+    def address(self, index: int) -> str:
+        return str(list(ipaddress.ip_network(self.subnet).hosts())[index])
+
+
+def leftovers(prefix: str, state_dir: Path) -> dict[str, list[str]]:
+    """Everything on the machine that carries this test's prefix (should be empty after down)."""
+    found: dict[str, list[str]] = {}
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split(
+        "\n"
+    )
+    found["namespaces"] = [line.split()[0] for line in netns if line.startswith(f"{prefix}-")]
+    links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout)
+    found["links"] = [link["ifname"] for link in links if link["ifname"].startswith(f"{prefix}-")]
+    qdiscs = json.loads(
+        subprocess.run(["tc", "-j", "qdisc", "show"], capture_output=True, text=True).stdout or "[]"
+    )
+    found["qdiscs"] = [
+        f"{q['dev']} {q['kind']}" for q in qdiscs if q.get("dev", "").startswith(f"{prefix}-")
+    ]
+    found["cgroups"] = [
+        str(path)
+        for controller in ("cpu", "memory")
+        for path in [Path(f"/sys/fs/cgroup/{controller}/{prefix}-fleet")]
+        if path.exists()
+    ]
+    found["sshd"] = [str(pid) for pid in sshd_pids_of(state_dir)]
+    found["etc_netns"] = (
+        [str(path) for path in Path("/etc/netns").glob(f"{prefix}-*")]
+        if Path("/etc/netns").exists()
+        else []
+    )
+    found["state"] = [str(state_dir)] if state_dir.exists() else []
+    return {kind: items for kind, items in found.items() if items}
+
+
+def sshd_pids_of(state_dir: Path) -> list[int]:
+    """Live (non-zombie) sshd processes started with a config below `state_dir`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            executable = os.readlink(entry / "exe")
+            # sshd rewrites its argv ("sshd: /usr/sbin/sshd -f CONFIG ... [listener]").
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and executable == "/usr/sbin/sshd" and f"{state_dir}/" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def force_clean(prefix: str, state_dir: Path) -> None:
+    """Last resort when `fleet down` failed: remove anything with this test's unique prefix."""
+    for pid in sshd_pids_of(state_dir):
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    for name in leftovers(prefix, state_dir).get("namespaces", []):
+        subprocess.run(["ip", "netns", "del", name], check=False)
+    for name in leftovers(prefix, state_dir).get("links", []):
+        subprocess.run(["ip", "link", "del", name], check=False)
+    for controller in ("cpu", "memory"):
+        root = Path(f"/sys/fs/cgroup/{controller}/{prefix}-fleet")
+        for child in sorted(root.glob("*/"), reverse=True) if root.exists() else []:
+            if child.is_dir():
+                child.rmdir()
+        if root.exists():
+            root.rmdir()
+    for path in Path("/etc/netns").glob(f"{prefix}-*") if Path("/etc/netns").exists() else []:
+        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def netem_available() -> bool:
+    """True if this kernel has tc netem (tried in a throw-away namespace)."""
+    probe = subprocess.run(
+        ["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return probe.returncode == 0

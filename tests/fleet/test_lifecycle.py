@@ -1,0 +1,277 @@
+"""`fleet up`/`down` on the real system: what up creates; down (or a failed up) leaves nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet_support import leftovers, needs_fleet_system, sshd_pids_of
+
+pytestmark = needs_fleet_system
+
+
+def _ssh(fleet, address: str, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-i",
+            str(fleet.state_dir / "ssh" / "id_ed25519"),
+            f"root@{address}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_up_builds_limited_named_devices_and_down_removes_everything(test_fleet, assert_clean):
+    test_fleet.up("--devices", "4", "--profile", "custom:5:20", "--memory", "256")
+    state = test_fleet.state()
+    assert [d["name"] for d in state["devices"]] == [test_fleet.device(i) for i in range(1, 5)]
+
+    expected_cores = len(os.sched_getaffinity(0)) / 4
+    status = json.loads(test_fleet.cli("status", "--json").stdout)
+    for index, device in enumerate(status["devices"], start=1):
+        assert device["address"] == test_fleet.address(index)
+        assert device["sshd_alive"] and device["status"] == "up"
+        # Default CPU share: the machine's cores split over 4 devices, as the kernel holds it.
+        assert device["limits"]["cpu_cores"] == pytest.approx(expected_cores)
+        assert device["limits"]["memory_limit_bytes"] == 256 * 2**20
+        assert [q["rate_bits_per_second"] for q in device["uplink_qdiscs"]] == [5_000_000]
+        assert [q["rate_bits_per_second"] for q in device["downlink_qdiscs"]] == [20_000_000]
+    cpu_group = Path(f"/sys/fs/cgroup/cpu/{test_fleet.prefix}-fleet/{test_fleet.device(1)}")
+    assert int((cpu_group / "cpu.cfs_quota_us").read_text()) == round(expected_cores * 100_000)
+    memory_group = Path(f"/sys/fs/cgroup/memory/{test_fleet.prefix}-fleet/{test_fleet.device(1)}")
+    assert int((memory_group / "memory.limit_in_bytes").read_text()) == 256 * 2**20
+
+    # Each device has its own host name resolving to its own address, and its sshd (so every
+    # process horovodrun starts there) runs inside the device's cgroups.
+    answer = _ssh(test_fleet, test_fleet.address(2), "hostname; hostname -i; cat /proc/self/cgroup")
+    assert answer.returncode == 0, answer.stderr
+    hostname, address, *cgroup_lines = answer.stdout.strip().split("\n")
+    assert (hostname, address) == (test_fleet.device(2), test_fleet.address(2))
+    groups = {line.split(":")[1]: line.split(":")[2] for line in cgroup_lines}
+    assert groups["cpu"] == groups["memory"] == f"/{test_fleet.prefix}-fleet/{test_fleet.device(2)}"
+    assert test_fleet.cli("hosts").stdout.split() == [
+        f"{test_fleet.address(i)}:1" for i in range(1, 5)
+    ]
+
+    assert leftovers(test_fleet.prefix, test_fleet.state_dir).keys() >= {
+        "namespaces",
+        "links",
+        "qdiscs",
+        "cgroups",
+        "sshd",
+    }
+    first = test_fleet.cli("down")
+    assert first.returncode == 0 and "removed" in first.stdout, first.stderr
+    assert_clean(test_fleet)
+    second = test_fleet.cli("down")
+    assert second.returncode == 0 and "nothing to remove" in second.stdout
+
+
+def test_failed_up_rolls_back_and_keeps_what_it_did_not_create(test_fleet, assert_clean):
+    # Someone else's namespace holds the name device 3 needs: up fails mid-way, after devices
+    # 1 and 2 (with their links, qdiscs, cgroups and sshd) already exist.
+    clash = test_fleet.device(3)
+    subprocess.run(["ip", "netns", "add", clash], check=True)
+    try:
+        failed = test_fleet.cli(
+            "up",
+            "--prefix",
+            test_fleet.prefix,
+            "--subnet",
+            test_fleet.subnet,
+            "-n",
+            "3",
+            "--profile",
+            "custom:1:2",
+        )
+        assert failed.returncode == 1
+        assert (
+            f"ip netns add {clash}" in failed.stderr
+            and "everything it created was removed" in failed.stderr
+        )
+        assert f"creating {test_fleet.device(2)}" in failed.stderr
+        left = leftovers(test_fleet.prefix, test_fleet.state_dir)
+        assert left == {"namespaces": [clash]}, left
+    finally:
+        subprocess.run(["ip", "netns", "del", clash], check=False)
+    assert_clean(test_fleet)
+
+
+def test_address_clash_is_refused_before_anything_is_created(test_fleet, assert_clean):
+    # A link of ours (test prefix) holding an address inside the fleet's subnet.
+    squatter = f"{test_fleet.prefix}-x"
+    subprocess.run(
+        ["ip", "link", "add", squatter, "type", "veth", "peer", "name", f"{squatter}p"], check=True
+    )
+    try:
+        subprocess.run(
+            ["ip", "addr", "add", f"{test_fleet.address(5)}/24", "dev", squatter], check=True
+        )
+        failed = test_fleet.cli(
+            "up",
+            "--prefix",
+            test_fleet.prefix,
+            "--subnet",
+            test_fleet.subnet,
+            "-n",
+            "2",
+            "--profile",
+            "custom:1:2",
+        )
+        assert failed.returncode == 2
+        assert (
+            f"subnet {test_fleet.subnet} clashes with {test_fleet.address(5)}/24 on {squatter}"
+            in failed.stderr
+        )
+        assert "creating" not in failed.stderr
+    finally:
+        subprocess.run(["ip", "link", "del", squatter], check=False)
+    assert_clean(test_fleet)
+
+
+def test_down_cleans_up_after_fleet_up_is_killed_mid_way(test_fleet, assert_clean):
+    up = subprocess.Popen(
+        test_fleet.cli_argv(
+            "up",
+            "--prefix",
+            test_fleet.prefix,
+            "--subnet",
+            test_fleet.subnet,
+            "-n",
+            "6",
+            "--profile",
+            "custom:1:2",
+        ),
+        env=test_fleet.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            state_file = test_fleet.state_dir / "fleet.json"
+            state = json.loads(state_file.read_text()) if state_file.exists() else {"devices": []}
+            if len(state["devices"]) >= 2:
+                break
+            time.sleep(0.05)
+        up.send_signal(signal.SIGKILL)
+        up.communicate(timeout=30)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == -signal.SIGKILL
+    before = leftovers(test_fleet.prefix, test_fleet.state_dir)
+    assert len(before.get("namespaces", [])) >= 2 and sshd_pids_of(test_fleet.state_dir), before
+    down = test_fleet.cli("down")
+    assert down.returncode == 0, down.stderr
+    assert_clean(test_fleet)
+
+
+def test_bad_input_gives_clear_errors_and_creates_nothing(test_fleet, assert_clean):
+    common = ("--prefix", test_fleet.prefix, "--subnet", test_fleet.subnet)
+    cases = [
+        (
+            ("-n", "2", "--profile", "wifi"),
+            "unknown profile 'wifi'; valid profiles: fibre, lte, lte-m, nb-iot, slow-4g",
+        ),
+        (("-n", "0", "--profile", "custom:1:1"), "--devices must be at least 1, got 0"),
+        (("-n", "4", "--profile", "custom:1:1", "--cpu", "1"), "more than this machine's"),
+        (
+            ("-n", "2", "--profile", "custom", "--up-mbit", "5"),
+            "needs both --up-mbit and --down-mbit",
+        ),
+        (("--mix", "lte:x"), "is not an integer"),
+    ]
+    for args, message in cases:
+        completed = test_fleet.cli("up", *common, *args)
+        assert completed.returncode == 2, (args, completed.stderr)
+        assert message in completed.stderr, (args, completed.stderr)
+    assert_clean(test_fleet)
+
+
+def test_latency_profile_without_netem_fails_loudly_or_shapes_rates_when_told(
+    test_fleet, assert_clean
+):
+    netem = subprocess.run(
+        ["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    common = (
+        "--prefix",
+        test_fleet.prefix,
+        "--subnet",
+        test_fleet.subnet,
+        "-n",
+        "1",
+        "--profile",
+        "lte",
+    )
+    if netem.returncode == 0:
+        test_fleet.up(*common)
+        status = json.loads(test_fleet.cli("status", "--json").stdout)
+        assert status["latency_emulated"]
+        assert [q["kind"] for q in status["devices"][0]["uplink_qdiscs"]] == ["netem", "tbf"]
+        return
+    refused = test_fleet.cli("up", *common, "--latency", "require")
+    assert refused.returncode == 2
+    assert (
+        "tc netem is unavailable on this kernel" in refused.stderr
+        and "--latency auto or off" in refused.stderr
+    )
+    assert_clean(test_fleet)
+    shaped = test_fleet.up(*common)  # --latency auto: rates only, said loudly
+    assert "WARNING: tc netem is unavailable" in shaped.stderr and "NOT emulated" in shaped.stderr
+    status = json.loads(test_fleet.cli("status", "--json").stdout)
+    assert not status["latency_emulated"]
+    assert [q["kind"] for q in status["devices"][0]["uplink_qdiscs"]] == ["tbf"]
+    assert "latency not emulated" in test_fleet.cli("status").stdout
+
+
+def test_kill_takes_a_device_out_and_revive_brings_it_back(test_fleet):
+    test_fleet.up("-n", "2", "--profile", "custom:10:10")
+    assert test_fleet.cli("kill", test_fleet.device(2)).returncode == 0
+    assert test_fleet.cli("hosts").stdout.split() == [f"{test_fleet.address(1)}:1"]
+    connect = f"import socket; socket.create_connection(({test_fleet.address(2)!r}, 22), timeout=2)"
+    probe = subprocess.run(
+        ["ip", "netns", "exec", test_fleet.device(1), sys.executable, "-c", connect],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert probe.returncode != 0 and (
+        "timed out" in probe.stderr or "unreachable" in probe.stderr
+    ), probe.stderr
+    assert test_fleet.cli("revive", test_fleet.device(2)).returncode == 0
+    assert test_fleet.cli("hosts").stdout.split() == [f"{test_fleet.address(i)}:1" for i in (1, 2)]
+    assert _ssh(test_fleet, test_fleet.address(2), "hostname").stdout.strip() == test_fleet.device(
+        2
+    )
+    unknown = test_fleet.cli("kill", "nope")
+    assert (
+        unknown.returncode == 2
+        and f"devices: {test_fleet.device(1)}, {test_fleet.device(2)}" in unknown.stderr
+    )

@@ -1,0 +1,247 @@
+"""Link profiles as data, and fleet plans that fit the machine (no root needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from globaldl.fleet.accounting import account_bytes
+from globaldl.fleet.launcher import horovodrun_argv, train_argv
+from globaldl.fleet.plan import plan_fleet
+from globaldl.fleet.profiles import (
+    DEFAULT_PROFILES_PATH,
+    LinkProfile,
+    device_profiles,
+    load_profiles,
+    parse_mix,
+    resolve_profile,
+)
+from globaldl.fleet.shaping import LinkDirection, shaping_commands
+from globaldl.fleet.state import DeviceState
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def profiles() -> dict[str, LinkProfile]:
+    return load_profiles(DEFAULT_PROFILES_PATH)
+
+
+def test_profiles_file_holds_the_seed_table_with_narrow_cellular_uplinks(profiles):
+    assert {"fibre", "lte", "slow-4g", "lte-m", "nb-iot"} <= set(profiles)
+    assert (
+        profiles["fibre"].down_kbit_per_second == 100_000
+        and profiles["fibre"].up_kbit_per_second == 20_000
+    )
+    assert 14_000 <= profiles["lte"].down_kbit_per_second <= 21_000
+    assert 2_400 <= profiles["lte"].up_kbit_per_second <= 7_000
+    assert 30 <= profiles["lte"].one_way_latency_ms <= 35
+    assert (profiles["slow-4g"].down_kbit_per_second, profiles["slow-4g"].up_kbit_per_second) == (
+        1600,
+        750,
+    )
+    assert profiles["lte-m"].down_kbit_per_second == profiles["lte-m"].up_kbit_per_second == 1000
+    assert (profiles["nb-iot"].down_kbit_per_second, profiles["nb-iot"].up_kbit_per_second) == (
+        26,
+        62,
+    )
+    assert 800 <= profiles["nb-iot"].one_way_latency_ms <= 5000
+    for name in ("lte", "slow-4g"):
+        assert profiles[name].up_kbit_per_second < profiles[name].down_kbit_per_second
+    assert all(profile.needs_netem for profile in profiles.values())
+
+
+def test_profile_config_round_trips(profiles):
+    for profile in profiles.values():
+        assert LinkProfile.from_config(profile.get_config()) == profile
+
+
+def test_unknown_profile_names_the_valid_ones(profiles):
+    with pytest.raises(
+        ValueError, match="unknown profile 'wifi'.*fibre, lte, lte-m, nb-iot, slow-4g, custom"
+    ):
+        resolve_profile("wifi", profiles)
+
+
+def test_custom_profile_from_flags_or_spec_has_no_latency(profiles):
+    from_flags = resolve_profile("custom", profiles, up_mbit=5, down_mbit=20)
+    from_spec = resolve_profile("custom:5:20", profiles)
+    assert from_flags == from_spec
+    assert (from_spec.up_kbit_per_second, from_spec.down_kbit_per_second) == (5000, 20000)
+    assert not from_spec.needs_netem
+    with pytest.raises(ValueError, match="needs both --up-mbit and --down-mbit"):
+        resolve_profile("custom", profiles, up_mbit=5)
+    with pytest.raises(ValueError, match="custom:UP_MBIT:DOWN_MBIT"):
+        resolve_profile("custom:5", profiles)
+    with pytest.raises(ValueError, match="up_mbit must be a positive"):
+        resolve_profile("custom:0:5", profiles)
+
+
+def test_mix_expands_in_order_and_checks_counts(profiles):
+    mixed = parse_mix("lte:2,slow-4g:1,custom:5:20:1", profiles)
+    assert [p.name for p in mixed] == ["lte", "lte", "slow-4g", "custom:5:20"]
+    with pytest.raises(ValueError, match="count must be at least 1"):
+        parse_mix("lte:0", profiles)
+    with pytest.raises(ValueError, match="expected PROFILE:COUNT"):
+        parse_mix("lte", profiles)
+    with pytest.raises(ValueError, match="does not match --mix"):
+        device_profiles(profiles, devices=3, mix="lte:2")
+
+
+def test_zero_devices_is_refused(profiles):
+    with pytest.raises(ValueError, match="--devices must be at least 1, got 0"):
+        device_profiles(profiles, devices=0, profile="lte")
+
+
+def test_bad_profiles_file_names_the_bad_key(tmp_path: Path):
+    path = tmp_path / "profiles.yaml"
+    path.write_text(
+        "schema_version: 1\nprofiles:\n  x:\n    up_kbit_per_second: 1\n    down_kbit_per_second: "
+        "1\n    latency: 3\n"
+    )
+    with pytest.raises(ValueError, match=r"profile 'x' has unknown keys \['latency'\]"):
+        load_profiles(path)
+    path.write_text(
+        "schema_version: 1\nprofiles:\n  x:\n    up_kbit_per_second: -1\n    "
+        "down_kbit_per_second: 1\n"
+    )
+    with pytest.raises(ValueError, match="up_kbit_per_second must be a positive number"):
+        load_profiles(path)
+
+
+def test_default_cpu_splits_the_machine_evenly(profiles):
+    plan = plan_fleet([profiles["lte"]] * 8, available_cores=2, available_memory_bytes=16 * GIB)
+    assert [device.cpu_cores for device in plan.devices] == [0.25] * 8
+    assert plan.total_cpu_cores == pytest.approx(2)
+    assert [d.address for d in plan.devices][:2] == ["10.77.0.2", "10.77.0.3"]
+    assert plan.host_address == "10.77.0.1"
+    assert len({d.name for d in plan.devices}) == 8
+
+
+def test_cpu_total_above_the_machine_is_refused_unless_forced(profiles):
+    with pytest.raises(
+        ValueError, match=r"4 devices x 1 cores = 4 cores, more than this machine's 2.*--force"
+    ):
+        plan_fleet(
+            [profiles["lte"]] * 4, cpu_cores=1, available_cores=2, available_memory_bytes=16 * GIB
+        )
+    forced = plan_fleet(
+        [profiles["lte"]] * 4,
+        cpu_cores=1,
+        force=True,
+        available_cores=2,
+        available_memory_bytes=16 * GIB,
+    )
+    assert forced.total_cpu_cores == 4
+
+
+def test_memory_total_above_the_machine_is_refused(profiles):
+    with pytest.raises(ValueError, match="more than this machine's 1024 MB"):
+        plan_fleet(
+            [profiles["lte"]] * 2, memory_mb=768, available_cores=2, available_memory_bytes=GIB
+        )
+
+
+def test_plan_rejects_bad_names_and_small_subnets(profiles):
+    with pytest.raises(ValueError, match="prefix must be"):
+        plan_fleet(
+            [profiles["lte"]], prefix="Bad-Prefix", available_cores=2, available_memory_bytes=GIB
+        )
+    with pytest.raises(ValueError, match="has room for 1 devices"):
+        plan_fleet(
+            [profiles["lte"]] * 3,
+            subnet="10.9.9.0/30",
+            available_cores=2,
+            available_memory_bytes=GIB,
+        )
+
+
+def test_netem_shaping_puts_delay_before_the_rate_limit():
+    commands = shaping_commands(
+        "eth0", LinkDirection(5000, one_way_latency_ms=32.5, jitter_ms=2.5, loss_percent=1), "ns1"
+    )
+    assert commands[0][:3] == ["tc", "-n", "ns1"]
+    assert commands[0][-6:] == ["netem", "delay", "32.5ms", "2.5ms", "loss", "1%"]
+    assert commands[1][commands[1].index("parent") + 1] == "1:1"
+    assert "5000000bit" in commands[1]
+    rate_only = shaping_commands("eth0", LinkDirection(5000))
+    assert len(rate_only) == 1 and "tbf" in rate_only[0] and "netem" not in rate_only[0]
+
+
+def _device(name: str, address: str) -> DeviceState:
+    return DeviceState(
+        name=name,
+        address=address,
+        host_interface=f"{name}-h",
+        profile=LinkProfile("p", 1, 1),
+        cpu_cores=1,
+        memory_bytes=GIB,
+        cpu_group="/c",
+        memory_group="/m",
+        host_key_public="ssh-ed25519 AAAA",
+    )
+
+
+def test_horovodrun_command_lists_one_slot_per_device_and_the_fleet_key():
+    argv = horovodrun_argv(
+        [_device("a-1", "10.1.0.2"), _device("a-2", "10.1.0.3")],
+        Path("/run/x/ssh/id"),
+        ["python", "t.py"],
+    )
+    assert argv[argv.index("-H") + 1] == "10.1.0.2:1,10.1.0.3:1"
+    assert argv[argv.index("-np") + 1] == "2"
+    assert argv[argv.index("--ssh-identity-file") + 1] == "/run/x/ssh/id"
+    assert "--gloo" in argv and argv[-2:] == ["python", "t.py"]
+    with pytest.raises(ValueError, match="no live devices"):
+        horovodrun_argv([], Path("/k"), ["x"])
+
+
+def test_train_command_binds_metrics_to_each_devices_own_address():
+    argv = train_argv(
+        ["--epochs", "1"],
+        run_id="r1",
+        summary=Path("/s.json"),
+        metrics_port=9400,
+        globaldl=Path("/g"),
+    )
+    assert argv[:3] == ["/bin/sh", "-c", 'exec "$@" --metrics-addr "$(hostname -i)"']
+    assert argv[4:] == [
+        "/g",
+        "train",
+        "--epochs",
+        "1",
+        "--run-id",
+        "r1",
+        "--summary",
+        "/s.json",
+        "--metrics-port",
+        "9400",
+    ]
+    plain = train_argv(
+        ["--summary", "mine.json"],
+        run_id="r1",
+        summary=Path("/s.json"),
+        metrics_port=None,
+        globaldl=Path("/g"),
+    )
+    assert plain == ["/g", "train", "--summary", "mine.json", "--run-id", "r1"]
+
+
+def test_byte_accounting_compares_counter_deltas_with_the_summary():
+    def counters(tx: int, rx: int) -> dict[str, int]:
+        return {"tx_bytes": tx, "rx_bytes": rx, "tx_packets": tx // 1000, "rx_packets": rx // 1000}
+
+    before = {"d1": counters(100, 50), "d2": counters(0, 0)}
+    after = {"d1": counters(1_100_100, 1_050_050), "d2": counters(1_000_000, 1_100_000)}
+    summary = {"gradient_bytes_wire": 1_000_000, "steps": 10, "ranks": 2}
+    accounting = account_bytes(before, after, summary, run_seconds=10)
+    assert [d.tx_bytes for d in accounting.devices] == [1_100_000, 1_000_000]
+    assert accounting.tx_to_wire_ratio == pytest.approx(1.05)
+    assert accounting.allreduce_factor == 1
+    assert accounting.to_dict()["overhead_ratio"] == pytest.approx(1.05)
+    assert accounting.extra_tx_bytes_per_second == pytest.approx(5_000)
+    four_ranks = account_bytes(before, after, {**summary, "ranks": 4})
+    assert four_ranks.allreduce_factor == 1.5
+    with pytest.raises(ValueError, match="lacks 'gradient_bytes_wire'"):
+        account_bytes(before, after, {"steps": 1, "ranks": 2})
