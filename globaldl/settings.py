@@ -110,6 +110,11 @@ class TrainSettings:
             )
         if (self.metrics_certfile is None) != (self.metrics_keyfile is None):
             raise SettingsError("metrics_certfile and metrics_keyfile must be given together")
+        if self.prune == "dgc" and self.optimizer != "sgd":
+            raise SettingsError(
+                f"prune 'dgc' needs optimizer 'sgd', not {self.optimizer!r}: DGC applies momentum "
+                "correction itself and feeds plain SGD"
+            )
         if self.resume and self.checkpoint_dir is None:
             raise SettingsError("resume needs checkpoint_dir: there is nowhere to resume from")
 

@@ -90,12 +90,14 @@ def _configure_threads(local_size: int) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(2)
 
 
-def _make_optimizer(settings: TrainSettings, learning_rate: float) -> keras.optimizers.Optimizer:
+def _make_optimizer(
+    settings: TrainSettings, learning_rate: float, compressor: GradientCompressor
+) -> keras.optimizers.Optimizer:
     if settings.optimizer == "adam":
         return keras.optimizers.Adam(learning_rate=learning_rate)
     # DGC's momentum correction accumulates momentum inside the compressor, before
     # sparsification; the optimizer then must not apply momentum a second time.
-    momentum = 0.0 if settings.prune == "dgc" else settings.momentum
+    momentum = 0.0 if compressor.applies_momentum else settings.momentum
     return keras.optimizers.SGD(learning_rate=learning_rate, momentum=momentum)
 
 
@@ -140,9 +142,6 @@ class Trainer:
         )
         self.model(tf.zeros((1, *spec.input_shape)), training=False)
         self.variables = list(self.model.trainable_variables)
-        self.learning_rate = settings.learning_rate * (self.size if settings.scale_lr else 1)
-        self.optimizer = _make_optimizer(settings, self.learning_rate)
-        self.optimizer.build(self.variables)
         self.compressor = GradientCompressor(
             CompressionConfig(
                 prune=settings.prune,
@@ -158,7 +157,12 @@ class Trainer:
             ),
             self.variables,
             steps_per_epoch=self.steps_per_epoch,
+            rank=self.rank,
+            num_ranks=self.size,
         )
+        self.learning_rate = settings.learning_rate * (self.size if settings.scale_lr else 1)
+        self.optimizer = _make_optimizer(settings, self.learning_rate, self.compressor)
+        self.optimizer.build(self.variables)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -210,6 +214,7 @@ class Trainer:
                 optimizer.apply_gradients(zip(averaged, variables))
                 compressor.apply_state(update)
                 compressor.apply_weight_masks()
+                compressor.update_weight_masks(self.step.read_value())
                 return tf.constant(0.0, tf.float64)
 
             # Every rank sees every rank's nonfinite flag in the exchanged payload, so all

@@ -27,7 +27,7 @@ def venv_bin() -> Path:
     return BIN
 
 
-@pytest.fixture()
+@pytest.fixture(scope="session")
 def worker_env() -> dict[str, str]:
     """Environment for launched workers: quiet TensorFlow, nothing inherited that changes settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLOBALDL_")}
