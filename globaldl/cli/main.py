@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from globaldl.cli import bench, fleet, train
+from globaldl.cli import bench, dashboards, fleet, monitor, report, train
 
 app = typer.Typer(
     name="globaldl",
@@ -16,6 +16,9 @@ app = typer.Typer(
 app.command(name="train")(train.train)
 app.add_typer(bench.app, name="bench")
 app.add_typer(fleet.app, name="fleet")
+app.add_typer(monitor.app, name="monitor")
+app.add_typer(dashboards.app, name="dashboards")
+app.add_typer(report.app, name="report")
 
 
 @app.callback()
