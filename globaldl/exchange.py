@@ -66,6 +66,13 @@ class Exchange:
         """Concatenate every rank's tensor along the first axis, in rank order."""
         return self._hvd.allgather(value, name=name)
 
+    def gather_text(self, text: str, name: str, max_bytes: int = 128) -> list[str]:
+        """Every rank's short string (a device name, a digest), in rank order."""
+        encoded = text.encode()[:max_bytes].ljust(max_bytes, b"\0")
+        own = tf.constant(list(encoded), dtype=tf.uint8)
+        gathered = self._hvd.allgather(own, name=name).numpy().reshape(self.size, max_bytes)
+        return [row.tobytes().rstrip(b"\0").decode(errors="replace") for row in gathered]
+
     def exchange_payload(self, payload: tf.Tensor, compressor: GradientCompressor) -> Exchanged:
         """Run the step's single gradient collective; traced inside the training step.
 

@@ -339,7 +339,9 @@ class Trainer:
             if self.rank == 0:
                 self._print_progress(last, totals)
         digests = self._weight_digests()
+        devices = self.exchange.gather_text(settings.device or socket.gethostname(), "devices")
         result = self._summary(last, totals, history, time.perf_counter() - started, first_epoch)
+        result["devices"] = devices
         result["weight_digests"] = digests
         result["weights_identical"] = len(set(digests)) == 1
         return result
@@ -349,9 +351,7 @@ class Trainer:
         digest = hashlib.sha256()
         for variable in self.model.variables:
             digest.update(variable.numpy().tobytes())
-        own = tf.constant(np.frombuffer(digest.digest(), dtype=np.uint8))
-        gathered = self.exchange.gather_across_ranks(own, "weight_digests").numpy()
-        return [row.tobytes().hex() for row in gathered.reshape(self.size, -1)]
+        return self.exchange.gather_text(digest.hexdigest(), "weight_digests")
 
     def _print_progress(self, result: EpochResult, totals: RunTotals) -> None:
         step_total = sum(totals.phase_seconds.values()) or 1.0
@@ -401,7 +401,6 @@ class Trainer:
             ),
             "compression": settings.compression_settings(),
             "resumed_from_epoch": first_epoch if settings.resume else None,
-            "devices": [settings.device or socket.gethostname()],
             "versions": {
                 "tensorflow": tf.__version__,
                 "horovod": horovod.__version__,
