@@ -72,6 +72,9 @@ class TrainSettings:
     metrics_certfile: Path | None = None
     metrics_keyfile: Path | None = None
     device: str | None = None
+    # Fault injection, for proving the NaN/Inf path across real ranks.
+    inject_nan_step: int | None = None
+    inject_nan_rank: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +113,9 @@ class TrainSettings:
             )
         if (self.metrics_certfile is None) != (self.metrics_keyfile is None):
             raise SettingsError("metrics_certfile and metrics_keyfile must be given together")
+        if self.inject_nan_step is not None:
+            _check_at_least("inject_nan_step", self.inject_nan_step, 0)
+        _check_at_least("inject_nan_rank", self.inject_nan_rank, 0)
         if self.prune == "dgc" and self.optimizer != "sgd":
             raise SettingsError(
                 f"prune 'dgc' needs optimizer 'sgd', not {self.optimizer!r}: DGC applies momentum "

@@ -180,6 +180,8 @@ class Trainer:
         variables, optimizer, loss_fn = self.variables, self.optimizer, self.loss_fn
         num_ranks = tf.constant(self.size, tf.int32)
         boundary = _phase_boundary if self.phase_timing else _no_boundary
+        inject_nan_step = self.settings.inject_nan_step
+        inject_nan_rank = self.settings.inject_nan_rank
 
         @tf.function
         def train_step(iterator: Any) -> tf.Tensor:
@@ -194,6 +196,11 @@ class Trainer:
                 if model.losses:
                     loss += tf.add_n(model.losses)
             gradients = compressor.mask_gradients(tape.gradient(loss, variables))
+            if inject_nan_step is not None:
+                poisoned = tf.logical_and(
+                    tf.equal(self.step, inject_nan_step), tf.constant(self.rank == inject_nan_rank)
+                )
+                gradients[0] = gradients[0] + tf.where(poisoned, float("nan"), 0.0)
             correct = tf.reduce_sum(
                 tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float64)
             )

@@ -57,6 +57,8 @@ def train(
     metrics_certfile: Annotated[Path | None, typer.Option(help="TLS certificate for the metrics endpoint.")] = None,
     metrics_keyfile: Annotated[Path | None, typer.Option(help="TLS key for the metrics endpoint.")] = None,
     device: Annotated[str | None, typer.Option(help="Device name in metrics [default: host name].")] = None,
+    inject_nan_step: Annotated[int | None, typer.Option(help="Fault injection: make one rank's gradients NaN at this global step.")] = None,
+    inject_nan_rank: Annotated[int | None, typer.Option(help="Fault injection: the rank whose gradients turn NaN [default: 0].")] = None,
 ) -> None:
     """Train a model; run it alone, or under horovodrun on many devices with no change."""
     flags = dict(locals())

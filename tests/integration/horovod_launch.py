@@ -20,6 +20,7 @@ def horovod_train(
     timeout_seconds: float = LAUNCH_TIMEOUT_SECONDS,
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
     """Run `horovodrun -np RANKS globaldl train ARGS --summary ...`; return the summary."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     summary_path = tmp_path / "summary.json"
     command = [
         str(BIN / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",

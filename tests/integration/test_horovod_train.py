@@ -79,3 +79,19 @@ def test_every_rank_ends_with_identical_weights_under_compression(
     assert result["weights_identical"], result["weight_digests"]
     assert result["steps"] == 25 and result["skipped_steps"] == 0
     assert 0 < result["gradient_bytes_wire"] < result["gradient_bytes_raw"]
+
+
+@pytest.mark.parametrize("flags", [[], RECOMMENDED], ids=["dense-allreduce", "topk-int8-allgather"])
+def test_nan_gradients_on_one_rank_make_every_rank_skip_the_same_step(
+    tmp_path: Path, worker_env: dict[str, str], flags: list[str]
+) -> None:
+    result, _ = horovod_train(
+        tmp_path,
+        ["--epochs", "1", "--max-steps-per-epoch", "20", "--inject-nan-step", "5",
+         "--inject-nan-rank", "1", *flags],
+        worker_env,
+    )
+    assert result["steps"] == 20
+    assert result["skipped_steps"] == 1
+    assert result["weights_identical"], result["weight_digests"]
+    assert result["val_loss"] > 0 and result["history"][0]["loss"] == result["history"][0]["loss"]
