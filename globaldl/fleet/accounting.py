@@ -104,7 +104,7 @@ class ByteAccounting:
             f"  gradient_bytes_wire (one rank) {self.gradient_bytes_wire:,} over {self.steps} "
             f"steps, {self.ranks} ranks"
         )
-        if self.tx_to_wire_ratio is not None:
+        if self.tx_to_wire_ratio is not None and self.overhead_ratio is not None:
             lines.append(
                 f"  mean tx / gradient_bytes_wire = {self.tx_to_wire_ratio:.3f} (ring allreduce "
                 f"alone: {self.allreduce_factor:.3f}; the rest is protocol overhead: "

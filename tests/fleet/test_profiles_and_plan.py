@@ -245,3 +245,13 @@ def test_byte_accounting_compares_counter_deltas_with_the_summary():
     assert four_ranks.allreduce_factor == 1.5
     with pytest.raises(ValueError, match="lacks 'gradient_bytes_wire'"):
         account_bytes(before, after, {"steps": 1, "ranks": 2})
+
+
+def test_byte_accounting_of_a_one_device_run_reports_without_a_ratio():
+    counters = {"tx_bytes": 5_000, "rx_bytes": 4_000, "tx_packets": 5, "rx_packets": 4}
+    zero = {"tx_bytes": 0, "rx_bytes": 0, "tx_packets": 0, "rx_packets": 0}
+    accounting = account_bytes({"d1": zero}, {"d1": counters},
+                               {"gradient_bytes_wire": 1_000, "steps": 1, "ranks": 1}, run_seconds=1)
+    assert accounting.overhead_ratio is None
+    report = accounting.report()
+    assert "d1" in report and "protocol overhead" not in report

@@ -1,0 +1,62 @@
+"""Experiments on the emulated fleet: the papers' tables, produced by globaldl's own runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from globaldl.experiments.ablation import AblationExperiment, Variant
+from globaldl.experiments.analysis import TargetCheck, time_to_target
+from globaldl.experiments.bottleneck import BottleneckExperiment
+from globaldl.experiments.devices import DevicesExperiment, Schedule
+from globaldl.experiments.experiment import (
+    Experiment,
+    ExperimentReport,
+    run_experiment,
+    write_outputs,
+)
+from globaldl.experiments.resources import ResourcesExperiment
+from globaldl.experiments.runner import ExperimentRunner, RunResult
+from globaldl.experiments.spec import FleetConfig, RunSpec, Workload
+
+EXPERIMENTS: dict[str, type[Experiment]] = {
+    "devices": DevicesExperiment,
+    "resources": ResourcesExperiment,
+    "ablation": AblationExperiment,
+    "bottleneck": BottleneckExperiment,
+}
+
+
+def get(identifier: str | Experiment, **options: Any) -> Experiment:
+    """An experiment from its name (built with `options`) or an Experiment instance."""
+    if isinstance(identifier, Experiment):
+        return identifier
+    try:
+        experiment_class = EXPERIMENTS[identifier]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"experiment {identifier!r} is not one of: {', '.join(EXPERIMENTS)}"
+        ) from None
+    return experiment_class(**options)
+
+
+__all__ = [
+    "EXPERIMENTS",
+    "AblationExperiment",
+    "BottleneckExperiment",
+    "DevicesExperiment",
+    "Experiment",
+    "ExperimentReport",
+    "ExperimentRunner",
+    "FleetConfig",
+    "ResourcesExperiment",
+    "RunResult",
+    "RunSpec",
+    "Schedule",
+    "TargetCheck",
+    "Variant",
+    "Workload",
+    "get",
+    "run_experiment",
+    "time_to_target",
+    "write_outputs",
+]

@@ -1,0 +1,353 @@
+"""`ablation`: each compression step alone and together, on a 5 Mbit/s uplink and unshaped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from globaldl.experiments.analysis import (
+    TargetCheck,
+    at_least_times_sooner,
+    at_most_times,
+    epoch_end_seconds,
+    seconds_or_not_reached,
+    time_to_target,
+    training_seconds,
+)
+from globaldl.experiments.cycle_time import HOROVOD_DEFAULT_CYCLE_TIME_MS, auto_cycle_time_ms
+from globaldl.experiments.experiment import Experiment, run_row
+from globaldl.experiments.outputs import number_or_none, save_figure
+from globaldl.experiments.runner import RunResult
+from globaldl.experiments.spec import (
+    LENET_MNIST,
+    FleetConfig,
+    RunSpec,
+    Workload,
+    compression_args,
+    slug,
+)
+from globaldl.monitoring.phases import phase_shares
+
+SHAPED_UP_MBIT, SHAPED_DOWN_MBIT = 5, 20
+# "Unshaped": a rate far above anything the emulated devices can push (tbf still counts it).
+UNSHAPED_MBIT = 10000
+RECOMMENDED = "prune+quantize"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One ablation run: a compression preset on the shaped or the unshaped link.
+
+    `cycle_time_ms` pins HOROVOD_CYCLE_TIME (e.g. Horovod's own 1 ms) instead of the link's
+    automatic choice, to measure what the cycle time does.
+    """
+
+    compression: str
+    shaped: bool = True
+    cycle_time_ms: float | None = None
+
+    @property
+    def name(self) -> str:
+        """e.g. `prune+quantize`, `prune+quantize (unshaped)`, `none (cycle 1 ms)`."""
+        suffix = []
+        if not self.shaped:
+            suffix.append("unshaped")
+        if self.cycle_time_ms is not None:
+            suffix.append(f"cycle {self.cycle_time_ms:g} ms")
+        return self.compression + (f" ({', '.join(suffix)})" if suffix else "")
+
+    @property
+    def label(self) -> str:
+        """A folder name, e.g. `prune_quantize-unshaped`."""
+        label = slug(self.compression)
+        if not self.shaped:
+            label += "-unshaped"
+        if self.cycle_time_ms is not None:
+            label += f"-cycle{self.cycle_time_ms:g}ms"
+        return label
+
+
+DEFAULT_CYCLE = HOROVOD_DEFAULT_CYCLE_TIME_MS
+FULL_VARIANTS: tuple[Variant, ...] = (
+    Variant("none"),
+    Variant("fp16"),
+    Variant("prune"),
+    Variant("quantize"),
+    Variant(RECOMMENDED),
+    Variant("prune0.001+sign"),
+    Variant(RECOMMENDED, cycle_time_ms=DEFAULT_CYCLE),
+    Variant(RECOMMENDED, cycle_time_ms=20.0),
+    Variant("none", cycle_time_ms=DEFAULT_CYCLE),
+    Variant(RECOMMENDED, shaped=False),
+    Variant("none", shaped=False),
+)
+QUICK_VARIANTS: tuple[Variant, ...] = (
+    Variant("none"),
+    Variant("fp16"),
+    Variant(RECOMMENDED),
+    Variant(RECOMMENDED, cycle_time_ms=DEFAULT_CYCLE),
+    Variant(RECOMMENDED, shaped=False),
+)
+
+
+class AblationExperiment(Experiment):
+    """Which compression step buys what, where the uplink is the constraint.
+
+    Four devices on a 5 Mbit/s up / 20 Mbit/s down link train LeNet on MNIST with each
+    compression preset; the recommended preset (and the uncompressed baseline) also run on an
+    unshaped link, and at pinned cycle times (Horovod's default 1 ms, and 20 ms).
+    """
+
+    name = "ablation"
+    title = "Compression ablation on a 5 Mbit/s uplink"
+    columns = (
+        "variant",
+        "profile",
+        "horovod_cycle_time_ms",
+        "epochs",
+        "val_accuracy",
+        "seconds_to_target",
+        "mean_step_seconds",
+        "exchange_share",
+        "wire_bytes_per_step",
+        "device_tx_bytes_per_step",
+        "compression_ratio",
+        "status",
+    )
+
+    def __init__(
+        self,
+        *,
+        quick: bool = False,
+        cycle_time_ms: float | None = None,
+        variants: Sequence[Variant] | None = None,
+        devices: int = 4,
+        cpu_cores_per_device: float = 0.5,
+        workload: Workload = LENET_MNIST,
+        epochs: int | None = None,
+        max_steps_per_epoch: int | None = None,
+        batch_size: int = 16,
+    ) -> None:
+        super().__init__(quick=quick, cycle_time_ms=cycle_time_ms)
+        self.variants = tuple(variants or (QUICK_VARIANTS if quick else FULL_VARIANTS))
+        for variant in self.variants:
+            compression_args(variant.compression)
+        names = [variant.name for variant in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ablation variants repeat: {names}")
+        self.devices = devices
+        self.cpu_cores_per_device = cpu_cores_per_device
+        self.workload = workload
+        self.epochs = epochs or (2 if quick else 8)
+        self.max_steps_per_epoch = max_steps_per_epoch or (12 if quick else None)
+        self.batch_size = batch_size
+        self.shaped_profile = f"custom:{SHAPED_UP_MBIT}:{SHAPED_DOWN_MBIT}"
+        self.unshaped_profile = f"custom:{UNSHAPED_MBIT}:{UNSHAPED_MBIT}"
+        # The shaped link's cycle time, used on the unshaped link too: only the link differs.
+        self.link_cycle_time_ms = cycle_time_ms or auto_cycle_time_ms(
+            SHAPED_UP_MBIT * 1000, SHAPED_DOWN_MBIT * 1000
+        )
+
+    def plan(self) -> list[RunSpec]:
+        """Shaped runs on one fleet, then unshaped runs on another."""
+        specs = []
+        for shaped in (True, False):
+            profile = self.shaped_profile if shaped else self.unshaped_profile
+            fleet = FleetConfig(self.devices, profile, self.cpu_cores_per_device)
+            for variant in (v for v in self.variants if v.shaped == shaped):
+                args = [
+                    *self.workload.train_args,
+                    "--batch-size",
+                    str(self.batch_size),
+                    "--epochs",
+                    str(self.epochs),
+                ]
+                if self.max_steps_per_epoch is not None:
+                    args += ["--max-steps-per-epoch", str(self.max_steps_per_epoch)]
+                args += [*compression_args(variant.compression), "--seed", "0"]
+                specs.append(
+                    RunSpec(
+                        experiment=self.name,
+                        label=variant.label,
+                        fleet=fleet,
+                        train_args=tuple(args),
+                        factors={"variant": variant.name, "compression": variant.compression},
+                        cycle_time_ms=variant.cycle_time_ms or self.link_cycle_time_ms,
+                    )
+                )
+        return specs
+
+    def rows(self, results: Sequence[RunResult]) -> list[dict[str, Any]]:
+        """One row per run, with time to the target and the exchange's share of the step."""
+        rows = []
+        for result in results:
+            row = run_row(result)
+            row["target_accuracy"] = self.workload.target_accuracy
+            if result.summary is not None:
+                row["seconds_to_target"] = seconds_or_not_reached(
+                    time_to_target(result.summary.get("history", []), self.workload.target_accuracy)
+                )
+                if sum(result.summary["phase_seconds"].values()) > 0:
+                    row["exchange_share"] = phase_shares(result.summary["phase_seconds"])[
+                        "exchange"
+                    ]
+            rows.append(row)
+        return rows
+
+    @staticmethod
+    def _by_variant(rows: Sequence[dict[str, Any]], name: str) -> dict[str, Any]:
+        return next((row for row in rows if row.get("variant") == name), {})
+
+    def targets(
+        self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult]
+    ) -> list[TargetCheck]:
+        """The ablation's goals, each met, not met or not evaluated.
+
+        prune+quantize reaches the target >= 10x sooner than none and >= 5x sooner than fp16;
+        its step on the shaped link is <= 1.5x the unshaped one; the automatic cycle time
+        steps no slower than each pinned one.
+        """
+        target = self.workload.target_accuracy
+        recommended = self._by_variant(rows, RECOMMENDED)
+        totals = {
+            result.spec.factors["variant"]: training_seconds(result.summary)
+            for result in results
+            if result.summary is not None
+        }
+        checks = []
+        for baseline, factor in (("none", 10.0), ("fp16", 5.0)):
+            if not any(v.name == baseline for v in self.variants):
+                continue
+            checks.append(
+                at_least_times_sooner(
+                    f"{RECOMMENDED} reaches val_accuracy {target:g} >= {factor:g}x sooner than "
+                    f"{baseline} ({self.shaped_profile})",
+                    number_or_none(recommended.get("seconds_to_target")),
+                    number_or_none(self._by_variant(rows, baseline).get("seconds_to_target")),
+                    factor,
+                    slower_total_seconds=totals.get(baseline),
+                )
+            )
+        unshaped = self._by_variant(rows, Variant(RECOMMENDED, shaped=False).name)
+        if unshaped or not results:
+            checks.append(
+                at_most_times(
+                    f"{RECOMMENDED} mean step time on {self.shaped_profile} <= 1.5x the unshaped "
+                    "link's",
+                    number_or_none(recommended.get("mean_step_seconds")),
+                    number_or_none(unshaped.get("mean_step_seconds")),
+                    1.5,
+                )
+            )
+        # What the automatic cycle time buys against each pinned one, compression alike.
+        for variant in self.variants:
+            if variant.cycle_time_ms is None or not variant.shaped:
+                continue
+            automatic = self._by_variant(rows, Variant(variant.compression).name)
+            pinned = self._by_variant(rows, variant.name)
+            automatic_ms = automatic.get("horovod_cycle_time_ms", self.link_cycle_time_ms)
+            checks.append(
+                at_most_times(
+                    f"{variant.compression} at the automatic HOROVOD_CYCLE_TIME "
+                    f"({automatic_ms:g} ms) steps no slower than at "
+                    f"{variant.cycle_time_ms:g} ms ({self.shaped_profile})",
+                    number_or_none(automatic.get("mean_step_seconds")),
+                    number_or_none(pinned.get("mean_step_seconds")),
+                    1.0,
+                )
+            )
+        return checks
+
+    def plots(
+        self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult], out_dir: Path
+    ) -> list[Path]:
+        """ablation.png: accuracy against time per variant, and the mean step time."""
+        target = self.workload.target_accuracy
+
+        def draw(figure: Any) -> None:
+            from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+            curve_axis, step_axis = figure.subplots(1, 2)
+            for result in results:
+                if result.summary is None or not result.summary.get("history"):
+                    continue
+                history = result.summary["history"]
+                curve_axis.plot(
+                    epoch_end_seconds(history),
+                    [epoch["val_accuracy"] for epoch in history],
+                    marker="o",
+                    label=str(result.spec.factors["variant"]),
+                )
+            curve_axis.axhline(target, color="grey", linestyle=":", label=f"target {target:g}")
+            curve_axis.set_xscale("log")
+            curve_axis.set_xlabel("seconds since the first step")
+            curve_axis.set_ylabel("validation accuracy")
+            curve_axis.legend(fontsize=6)
+            curve_axis.grid(alpha=0.3)
+            plotted = [row for row in rows if number_or_none(row.get("mean_step_seconds"))]
+            step_axis.barh(
+                [str(row["variant"]) for row in plotted],
+                [row["mean_step_seconds"] for row in plotted],
+                color="tab:orange",
+            )
+            step_axis.set_xscale("log")
+            step_axis.set_xlabel("mean step seconds (rank 0)")
+            step_axis.tick_params(axis="y", labelsize=7)
+            step_axis.grid(axis="x", alpha=0.3)
+            for axis in (curve_axis, step_axis):
+                # Plain numbers on the log axes (1, 2, 5 x 10^k), no minor-tick labels.
+                axis.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                axis.xaxis.set_major_formatter(ScalarFormatter())
+                axis.xaxis.set_minor_formatter(NullFormatter())
+            figure.suptitle(
+                f"{self.workload.name}, {self.devices} devices x {self.cpu_cores_per_device:g} "
+                f"cores, {self.shaped_profile} unless unshaped",
+                fontsize=9,
+            )
+
+        return [save_figure(out_dir / "ablation.png", draw, width_inches=12, height_inches=4.5)]
+
+    def method(self) -> str:
+        """How the runs are built."""
+        presets = "; ".join(
+            f"`{v.name}`: `{' '.join(compression_args(v.compression)) or '(no flags)'}`"
+            for v in self.variants
+        )
+        return (
+            f"{self.workload.name} (`{' '.join(self.workload.train_args)}`), {self.devices} "
+            f"devices x {self.cpu_cores_per_device:g} cores, local batch {self.batch_size}, "
+            f"{self.epochs} epochs"
+            + (
+                f" of {self.max_steps_per_epoch} steps per device"
+                if self.max_steps_per_epoch
+                else ""
+            )
+            + f". Shaped link `{self.shaped_profile}` (5 Mbit/s up, 20 Mbit/s down); unshaped "
+            f"link `{self.unshaped_profile}`. HOROVOD_CYCLE_TIME {self.link_cycle_time_ms:g} ms "
+            "on both links (the shaped link's automatic choice), except the variants marked "
+            f"`cycle N ms` (Horovod's default is {HOROVOD_DEFAULT_CYCLE_TIME_MS:g} ms). "
+            f"Variants: {presets}. `fp16` is the "
+            "equivalent of Horovod's only built-in compression. `wire_bytes_per_step` is what "
+            "one rank handed to Horovod per step; `device_tx_bytes_per_step` is what a "
+            "device's interface sent per step over the whole run (coordination, broadcast and "
+            "logs included). Target accuracy "
+            f"{self.workload.target_accuracy:g}; the goal that time to accuracy falls from 1 to "
+            "8 devices with compression on is checked by the `devices` experiment."
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        """The experiment's options."""
+        return {
+            **super().get_config(),
+            "variants": [v.name for v in self.variants],
+            "devices": self.devices,
+            "cpu_cores_per_device": self.cpu_cores_per_device,
+            "workload": self.workload.name,
+            "target_accuracy": self.workload.target_accuracy,
+            "epochs": self.epochs,
+            "max_steps_per_epoch": self.max_steps_per_epoch,
+            "batch_size": self.batch_size,
+            "link_cycle_time_ms": self.link_cycle_time_ms,
+        }

@@ -1,0 +1,290 @@
+"""`devices`: elapsed time, accuracy and time to accuracy against the number of devices."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from globaldl.experiments.analysis import (
+    TargetCheck,
+    falls_with_devices,
+    seconds_or_not_reached,
+    time_to_target,
+)
+from globaldl.experiments.experiment import Experiment, run_row
+from globaldl.experiments.outputs import number_or_none, save_figure
+from globaldl.experiments.runner import RunResult
+from globaldl.experiments.spec import (
+    LENET_MNIST,
+    RESNET8_CIFAR,
+    FleetConfig,
+    RunSpec,
+    Workload,
+    compression_args,
+    slug,
+)
+
+COMPRESSED = "prune+quantize"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long a workload trains: epochs, and the GLOBAL steps per epoch (None: all the data).
+
+    With N devices each rank runs global_steps_per_epoch // N steps of its fixed local batch,
+    so an epoch is the same amount of work whatever N is.
+    """
+
+    epochs: int
+    global_steps_per_epoch: int | None = None
+
+    def max_steps_per_epoch(self, devices: int) -> int | None:
+        """Steps each of `devices` ranks runs per epoch (None: its whole shard)."""
+        if self.global_steps_per_epoch is None:
+            return None
+        return max(1, self.global_steps_per_epoch // devices)
+
+
+class DevicesExperiment(Experiment):
+    """The edge-training paper's table (time and accuracy vs devices), on globaldl's fleet.
+
+    The paper's elapsed time GREW with devices (synchronisation cost more than the compute it
+    spread). Here every device adds compute (a fixed CPU share per device) and the global work
+    per epoch stays fixed (each device gets 1/N of the data at a fixed local batch), so the
+    time per epoch should fall with N, most of all with the gradients compressed.
+    """
+
+    name = "devices"
+    title = "Time and accuracy against the number of devices"
+    columns = (
+        "model",
+        "compression",
+        "devices",
+        "cpu_cores_total",
+        "epochs",
+        "steps_per_rank",
+        "training_seconds",
+        "seconds_per_epoch",
+        "val_accuracy",
+        "target_accuracy",
+        "seconds_to_target",
+        "mean_step_seconds",
+        "wire_bytes_per_step",
+        "status",
+    )
+
+    def __init__(
+        self,
+        *,
+        quick: bool = False,
+        cycle_time_ms: float | None = None,
+        device_counts: Sequence[int] | None = None,
+        workloads: Sequence[Workload] | None = None,
+        compressions: Sequence[str] | None = None,
+        profile: str = "lte",
+        cpu_cores_per_device: float | None = None,
+        schedules: dict[str, Schedule] | None = None,
+        batch_size: int = 16,
+    ) -> None:
+        super().__init__(quick=quick, cycle_time_ms=cycle_time_ms)
+        self.device_counts = tuple(device_counts or ((1, 2, 4) if quick else (1, 2, 4, 8)))
+        if sorted(set(self.device_counts)) != list(self.device_counts) or self.device_counts[0] < 1:
+            raise ValueError(
+                f"device_counts must be increasing whole numbers >= 1, got {self.device_counts}"
+            )
+        self.workloads = tuple(
+            workloads or ((LENET_MNIST,) if quick else (LENET_MNIST, RESNET8_CIFAR))
+        )
+        self.compressions = tuple(compressions or ("none", COMPRESSED))
+        for preset in self.compressions:
+            compression_args(preset)
+        self.profile = profile
+        # 8 devices x 0.25 cores fill 2 cores; quick stops at 4 devices x 0.5.
+        self.cpu_cores_per_device = cpu_cores_per_device or (0.5 if quick else 0.25)
+        default_schedules = (
+            {LENET_MNIST.name: Schedule(2, 48), RESNET8_CIFAR.name: Schedule(1, 16)}
+            if quick
+            else {LENET_MNIST.name: Schedule(8), RESNET8_CIFAR.name: Schedule(6, 128)}
+        )
+        self.schedules = {**default_schedules, **(schedules or {})}
+        missing = [w.name for w in self.workloads if w.name not in self.schedules]
+        if missing:
+            raise ValueError(f"no schedule for workload(s) {missing}; give one in schedules")
+        self.batch_size = batch_size
+
+    def plan(self) -> list[RunSpec]:
+        """One fleet per device count; on it every workload, compressed and not."""
+        specs = []
+        for devices in self.device_counts:
+            fleet = FleetConfig(devices, self.profile, self.cpu_cores_per_device)
+            for workload in self.workloads:
+                schedule = self.schedules[workload.name]
+                steps = schedule.max_steps_per_epoch(devices)
+                for compression in self.compressions:
+                    args = [
+                        *workload.train_args,
+                        "--batch-size",
+                        str(self.batch_size),
+                        "--epochs",
+                        str(schedule.epochs),
+                    ]
+                    if steps is not None:
+                        args += ["--max-steps-per-epoch", str(steps)]
+                    args += [*compression_args(compression), "--seed", "0"]
+                    specs.append(
+                        RunSpec(
+                            experiment=self.name,
+                            label=f"{workload.name}-n{devices}-{slug(compression)}",
+                            fleet=fleet,
+                            train_args=tuple(args),
+                            factors={"model": workload.name, "compression": compression},
+                            cycle_time_ms=self.cycle_time_ms,
+                        )
+                    )
+        return specs
+
+    def _target_of(self, model: str) -> float:
+        return next(w.target_accuracy for w in self.workloads if w.name == model)
+
+    def rows(self, results: Sequence[RunResult]) -> list[dict[str, Any]]:
+        """One row per run, with seconds per epoch and time to the workload's target."""
+        rows = []
+        for result in results:
+            row = run_row(result)
+            target = self._target_of(str(result.spec.factors["model"]))
+            row["target_accuracy"] = target
+            if result.summary is not None:
+                history = result.summary.get("history", [])
+                row["seconds_per_epoch"] = (
+                    sum(epoch["seconds"] for epoch in history) / len(history) if history else None
+                )
+                row["seconds_to_target"] = seconds_or_not_reached(time_to_target(history, target))
+            rows.append(row)
+        return rows
+
+    def targets(
+        self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult]
+    ) -> list[TargetCheck]:
+        """Time per epoch falls with devices (every config); time to accuracy falls (compressed)."""
+        checks = []
+        for workload in self.workloads:
+            for compression in self.compressions:
+                selected = [
+                    row
+                    for row in rows
+                    if row["model"] == workload.name and row["compression"] == compression
+                ]
+                checks.append(
+                    falls_with_devices(
+                        f"{workload.name}, {compression}: time per epoch falls from "
+                        f"{self.device_counts[0]} to {self.device_counts[-1]} devices",
+                        {
+                            row["devices"]: number_or_none(row.get("seconds_per_epoch"))
+                            for row in selected
+                        },
+                    )
+                )
+                if compression == COMPRESSED:
+                    checks.append(
+                        falls_with_devices(
+                            f"{workload.name}, {compression}: time to val_accuracy "
+                            f"{workload.target_accuracy:g} falls from {self.device_counts[0]} to "
+                            f"{self.device_counts[-1]} devices",
+                            {
+                                row["devices"]: number_or_none(row.get("seconds_to_target"))
+                                for row in selected
+                            },
+                        )
+                    )
+        return checks
+
+    def plots(
+        self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult], out_dir: Path
+    ) -> list[Path]:
+        """devices.png: time per epoch, final accuracy and time to target against devices."""
+        panels = (
+            ("seconds_per_epoch", "seconds per epoch"),
+            ("val_accuracy", "final validation accuracy"),
+            ("seconds_to_target", "seconds to target accuracy"),
+        )
+
+        lines = [(w, c) for w in self.workloads for c in self.compressions]
+
+        def draw(figure: Any) -> None:
+            axes = figure.subplots(1, len(panels))
+            for axis, (column, label) in zip(axes, panels, strict=True):
+                plotted = 0
+                # The same colour for a line in every panel, plotted or not.
+                for index, (workload, compression) in enumerate(lines):
+                    points = [
+                        (row["devices"], number_or_none(row.get(column)))
+                        for row in rows
+                        if row["model"] == workload.name and row["compression"] == compression
+                    ]
+                    points = [(n, value) for n, value in points if value is not None]
+                    if points:
+                        axis.plot(
+                            *zip(*points, strict=True),
+                            marker="o",
+                            color=f"C{index}",
+                            linestyle="-" if compression == COMPRESSED else "--",
+                            label=f"{workload.name} {compression}",
+                        )
+                        plotted += 1
+                if not plotted:
+                    axis.text(0.5, 0.5, "no run got there", ha="center", transform=axis.transAxes)
+                axis.set_xscale("log", base=2)
+                axis.set_xlim(self.device_counts[0] / 1.3, self.device_counts[-1] * 1.3)
+                axis.set_xticks(list(self.device_counts), [str(n) for n in self.device_counts])
+                axis.set_xlabel("devices")
+                axis.set_title(label, fontsize=9)
+                axis.grid(alpha=0.3)
+            axes[0].legend(fontsize=7)
+            figure.suptitle(
+                f"{self.profile} links, {self.cpu_cores_per_device:g} cores per device; "
+                "missing points: not reached",
+                fontsize=9,
+            )
+
+        return [save_figure(out_dir / "devices.png", draw, width_inches=12, height_inches=4)]
+
+    def method(self) -> str:
+        """How the runs are built."""
+        schedules = "; ".join(
+            f"{w.name}: {self.schedules[w.name].epochs} epochs"
+            + (
+                f" of {self.schedules[w.name].global_steps_per_epoch} global steps"
+                if self.schedules[w.name].global_steps_per_epoch
+                else " over all its training data"
+            )
+            + f", target val_accuracy {w.target_accuracy:g}"
+            for w in self.workloads
+        )
+        return (
+            f"Devices {', '.join(map(str, self.device_counts))}, each with "
+            f"{self.cpu_cores_per_device:g} CPU cores (so N devices have N x that: adding a "
+            f"device adds compute) and the `{self.profile}` link. Local batch "
+            f"{self.batch_size} per device; each device trains on 1/N of the data and runs "
+            "1/N of the global steps, so the work per epoch is the same for every N (the "
+            "learning rate is scaled by N, `--scale-lr`, the default). Compression: "
+            f"{', '.join(self.compressions)} (`{COMPRESSED}` = `--prune topk --density 0.01 "
+            f"--quantize int8`). {schedules}. `seconds_to_target` is the time from the first "
+            "step to the end of the first epoch whose validation accuracy reached the target "
+            "(validation included, process start-up excluded); `training_seconds` is the sum "
+            "of all epochs, `run_seconds` the whole `fleet run` (start-up included)."
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        """The experiment's options."""
+        return {
+            **super().get_config(),
+            "device_counts": list(self.device_counts),
+            "workloads": [w.name for w in self.workloads],
+            "compressions": list(self.compressions),
+            "profile": self.profile,
+            "cpu_cores_per_device": self.cpu_cores_per_device,
+            "schedules": {name: vars(s) for name, s in self.schedules.items()},
+            "batch_size": self.batch_size,
+        }

@@ -1,0 +1,193 @@
+"""What one experiment run is: the fleet it needs, its `globaldl train` arguments, its factors."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# A run id and a folder name: the characters TrainingMetrics accepts in a run id.
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def slug(text: str) -> str:
+    """`text` reduced to letters, digits, `_`, `.` and `-` (usable as a run id and a file name)."""
+    cleaned = _UNSAFE.sub("_", text).strip("_.-")
+    if not cleaned:
+        raise ValueError(f"{text!r} has no letters or digits to build a name from")
+    return cleaned
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """The emulated fleet a run needs: devices, one link profile for all, limits per device.
+
+    `profile` is what `globaldl fleet up --profile` takes: a name from the profiles file or
+    `custom:UP_MBIT:DOWN_MBIT`. Runs with equal configs share one `fleet up`.
+    """
+
+    devices: int
+    profile: str
+    cpu_cores_per_device: float
+    memory_mb: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1:
+            raise ValueError(f"devices must be a whole number >= 1, got {self.devices!r}")
+        if not self.profile:
+            raise ValueError("profile must not be empty")
+        if not self.cpu_cores_per_device > 0:
+            raise ValueError(f"cpu_cores_per_device must be > 0, got {self.cpu_cores_per_device!r}")
+
+    @property
+    def cpu_cores_total(self) -> float:
+        """CPU cores of the whole fleet."""
+        return self.devices * self.cpu_cores_per_device
+
+    def up_command(self, *, prefix: str, subnet: str, state_dir: str) -> str:
+        """The equivalent `globaldl fleet up` command line."""
+        parts = [
+            "globaldl fleet up",
+            f"-n {self.devices}",
+            f"--profile {self.profile}",
+            f"--cpu {self.cpu_cores_per_device:g}",
+        ]
+        if self.memory_mb is not None:
+            parts.append(f"--memory {self.memory_mb}")
+        parts += [f"--prefix {prefix}", f"--subnet {subnet}", f"--state-dir {state_dir}"]
+        return " ".join(parts)
+
+    def get_config(self) -> dict[str, Any]:
+        """Plain-data form; `FleetConfig(**c.get_config()) == c`."""
+        return {
+            "devices": self.devices,
+            "profile": self.profile,
+            "cpu_cores_per_device": self.cpu_cores_per_device,
+            "memory_mb": self.memory_mb,
+        }
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of an experiment, decided before anything runs.
+
+    Attributes:
+        experiment: the experiment's name (devices, resources, ablation, bottleneck).
+        label: unique within the experiment; names the run's folder and its run id.
+        fleet: the fleet the run needs.
+        train_args: `globaldl train` arguments, without --run-id/--summary (the runner adds
+            those, and --metrics-port when `scrape_metrics` is set).
+        factors: what varies across the experiment (model, devices, compression, ...): the
+            columns that identify a row in the tables.
+        cycle_time_ms: HOROVOD_CYCLE_TIME for this run; None picks it from the link.
+        scrape_metrics: serve each worker's exporter and scrape it during the run.
+        timeout_seconds: stop the run after this long.
+
+    """
+
+    experiment: str
+    label: str
+    fleet: FleetConfig
+    train_args: tuple[str, ...]
+    factors: Mapping[str, Any] = field(default_factory=dict)
+    cycle_time_ms: float | None = None
+    scrape_metrics: bool = False
+    timeout_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if slug(self.label) != self.label:
+            raise ValueError(
+                f"run label {self.label!r} must use only letters, digits, '_', '.' and '-'; "
+                f"e.g. {slug(self.label)!r}"
+            )
+        if any(arg in ("--run-id", "--summary", "--metrics-port") for arg in self.train_args):
+            raise ValueError(
+                f"run {self.label}: train_args must not set --run-id, --summary or "
+                "--metrics-port; the runner sets them"
+            )
+        if self.cycle_time_ms is not None and not self.cycle_time_ms > 0:
+            raise ValueError(f"cycle_time_ms must be > 0 or None, got {self.cycle_time_ms!r}")
+        if not self.timeout_seconds > 0:
+            raise ValueError(f"timeout_seconds must be > 0, got {self.timeout_seconds!r}")
+
+    def option(self, name: str) -> str | None:
+        """The value of `--name` in the train arguments, or None."""
+        args = list(self.train_args)
+        for index, arg in enumerate(args[:-1]):
+            if arg == name:
+                return args[index + 1]
+        return None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> RunSpec:
+        """Inverse of `get_config`."""
+        return cls(
+            **{
+                **config,
+                "fleet": FleetConfig(**config["fleet"]),
+                "train_args": tuple(config["train_args"]),
+            }
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        """Plain-data form, for the results JSON; `RunSpec.from_config` reads it back."""
+        return {
+            "experiment": self.experiment,
+            "label": self.label,
+            "fleet": self.fleet.get_config(),
+            "train_args": list(self.train_args),
+            "factors": dict(self.factors),
+            "cycle_time_ms": self.cycle_time_ms,
+            "scrape_metrics": self.scrape_metrics,
+            "timeout_seconds": self.timeout_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model on a dataset, and the validation accuracy that counts as "trained"."""
+
+    name: str
+    train_args: tuple[str, ...]
+    target_accuracy: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_accuracy <= 1:
+            raise ValueError(
+                f"workload {self.name}: target_accuracy must be in (0, 1], got "
+                f"{self.target_accuracy!r}"
+            )
+
+    def with_target(self, target_accuracy: float) -> Workload:
+        """The same workload with another target accuracy."""
+        return Workload(self.name, self.train_args, target_accuracy)
+
+
+LENET_MNIST = Workload("lenet", ("--model", "lenet", "--dataset", "mnist"), 0.90)
+# The 0.5 target is a guess: LeNet reaches ~0.4+ on cifar-synthetic in 5 epochs (the pipelines'
+# learnability test); chance is 0.1.
+RESNET8_CIFAR = Workload(
+    "resnet-8", ("--model", "resnet", "--depth", "8", "--dataset", "cifar-synthetic"), 0.50
+)
+
+# The two-step compression presets, as `globaldl train` arguments. `prune+quantize` is the
+# recommended one; `fp16` is what Horovod itself ships (its fp16 compression).
+COMPRESSION_PRESETS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "fp16": ("--quantize", "fp16"),
+    "prune": ("--prune", "topk", "--density", "0.01"),
+    "quantize": ("--quantize", "int8"),
+    "prune+quantize": ("--prune", "topk", "--density", "0.01", "--quantize", "int8"),
+    "prune0.001+sign": ("--prune", "topk", "--density", "0.001", "--quantize", "sign"),
+}
+
+
+def compression_args(preset: str) -> tuple[str, ...]:
+    """The train arguments of a compression preset; ValueError naming the presets otherwise."""
+    try:
+        return COMPRESSION_PRESETS[preset]
+    except KeyError:
+        raise ValueError(
+            f"compression preset {preset!r} is not one of: {', '.join(COMPRESSION_PRESETS)}"
+        ) from None
