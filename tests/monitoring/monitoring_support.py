@@ -42,6 +42,20 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def free_port_pair() -> int:
+    """A base port P with P and P+1 free on loopback (ranks 0 and 1 serve there)."""
+    for _ in range(50):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            base = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+            return base
+    raise AssertionError("no two adjacent free ports")
+
+
 def scrape(
     url: str, *, context: ssl.SSLContext | None = None, headers: dict[str, str] | None = None
 ) -> str:

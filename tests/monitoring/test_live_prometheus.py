@@ -7,13 +7,12 @@ with a real `horovodrun ... globaldl train --metrics-port` run comes next, once 
 """
 
 import math
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import typer
-from monitoring_support import start_synthetic_worker, stop_process, wait_for
+from monitoring_support import free_port_pair, start_synthetic_worker, stop_process, wait_for
 from typer.testing import CliRunner
 
 from globaldl.cli import monitor as monitor_cli
@@ -34,20 +33,6 @@ def root_app() -> typer.Typer:
     app.add_typer(monitor_cli.app, name="monitor")
     app.add_typer(report_cli.app, name="report")
     return app
-
-
-def free_port_pair() -> int:
-    """A base port P with P and P+1 free on loopback (ranks 0 and 1 serve there)."""
-    for _ in range(50):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            base = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", base + 1))
-            except OSError:
-                continue
-            return base
-    raise AssertionError("no two adjacent free ports")
 
 
 @dataclass
@@ -113,8 +98,14 @@ def live(tmp_path_factory):
             lambda: (
                 len(api.query(f'globaldl:bottleneck_share:ratio{{run="{RUN}"}}')) == 2
                 and len(api.query(f'globaldl_validation_accuracy_ratio{{run="{RUN}"}}')) == 2
+                # Enough scrapes that the report's rate() windows hold several samples, even
+                # when a loaded machine delays some scrapes.
+                and len(
+                    api.query(f'count_over_time(globaldl_steps_total{{run="{RUN}"}}[1m]) >= 15')
+                )
+                == 2
             ),
-            timeout_seconds=60,
+            timeout_seconds=90,
             what="both devices' bottleneck and validation series",
         )
         yield Live(status.url, state_dir, api, status.pid)

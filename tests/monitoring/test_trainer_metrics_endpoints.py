@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from monitoring_support import free_port, samples, scrape, wait_for
+from monitoring_support import free_port_pair, samples, scrape, wait_for
 
 pytestmark = [pytest.mark.horovod]
 
@@ -29,7 +29,7 @@ def _phases_observed(text: str) -> set[str]:
 def test_both_ranks_serve_step_phases_that_pass_promtool_during_a_real_run(
     tmp_path: Path, worker_env: dict[str, str]
 ) -> None:
-    base_port = free_port()
+    base_port = free_port_pair()
     command = [
         str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
         str(BIN / "globaldl"), "train", "--model", "lenet", "--dataset", "mnist", "--epochs", "4",
