@@ -19,7 +19,7 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,7 @@ class Trainer:
         self.exchange = exchange or Exchange()
         _configure_threads(self.exchange.local_size)
         self.rank, self.size = self.exchange.rank, self.exchange.size
+        self.device = settings.device or socket.gethostname()
         keras.utils.set_random_seed(settings.seed)
         self.pipeline: InputPipeline = make_pipeline(
             settings.dataset,
@@ -231,7 +232,9 @@ class Trainer:
                 advanced = self.step.assign_add(1)
             (skipped, _), applied = boundary((skipped, advanced))
 
-            stamps = tf.stack([start, loaded, computed, compressed, exchanged, decompressed, applied])
+            stamps = tf.stack(
+                [start, loaded, computed, compressed, exchanged, decompressed, applied]
+            )
             phase_seconds = stamps[1:] - stamps[:-1]
             extras = tf.stack(
                 [tf.cast(loss, tf.float64), correct, tf.cast(wire_bytes, tf.float64), skipped]
@@ -255,7 +258,12 @@ class Trainer:
 
     # ----------------------------------------------------------------- state
     def _broadcast_shared_state(self) -> None:
-        shared = [*self.model.variables, *_optimizer_variables(self.optimizer), self.step, self.epoch]
+        shared = [
+            *self.model.variables,
+            *_optimizer_variables(self.optimizer),
+            self.step,
+            self.epoch,
+        ]
         self.exchange.broadcast_variables(shared, root_rank=0)
 
     def _restore(self) -> int:
@@ -286,7 +294,9 @@ class Trainer:
         self.epoch.assign(epoch)
         metadata = {"step": int(self.step.numpy()), "ranks": self.size}
         if self.compressor.state_variables:
-            checkpoint.save(checkpoint.rank_dir(directory, self.rank), epoch, self.local_state, metadata)
+            checkpoint.save(
+                checkpoint.rank_dir(directory, self.rank), epoch, self.local_state, metadata
+            )
         if self.rank == 0:
             checkpoint.save(directory, epoch, self.shared_state, metadata)
 
@@ -318,9 +328,19 @@ class Trainer:
                 skipped = bool(values[_SKIPPED])
                 wire_bytes = int(values[_WIRE_BYTES])
                 if not skipped:
-                    train_totals += (values[_LOSS] * settings.batch_size, values[_CORRECT], settings.batch_size)
-                observer.observe_step(phases, settings.batch_size, raw_bytes, wire_bytes,
-                                      float(values[_LOSS]), skipped=skipped)
+                    train_totals += (
+                        values[_LOSS] * settings.batch_size,
+                        values[_CORRECT],
+                        settings.batch_size,
+                    )
+                observer.observe_step(
+                    phases,
+                    settings.batch_size,
+                    raw_bytes,
+                    wire_bytes,
+                    float(values[_LOSS]),
+                    skipped=skipped,
+                )
                 totals.steps += 1
                 totals.skipped_steps += int(skipped)
                 totals.gradient_bytes_raw += raw_bytes
@@ -328,7 +348,9 @@ class Trainer:
                 for name, seconds in phases.items():
                     totals.phase_seconds[name] += seconds
             train_seconds = time.perf_counter() - epoch_started
-            train_sum = self.exchange.sum_across_ranks(tf.constant(train_totals), "train_totals").numpy()
+            train_sum = self.exchange.sum_across_ranks(
+                tf.constant(train_totals), "train_totals"
+            ).numpy()
             val_loss_sum, val_correct, val_count = self._validate()
             last = EpochResult(
                 epoch=epoch + 1,
@@ -346,7 +368,7 @@ class Trainer:
             if self.rank == 0:
                 self._print_progress(last, totals)
         digests = self._weight_digests()
-        devices = self.exchange.gather_text(settings.device or socket.gethostname(), "devices")
+        devices = self.exchange.gather_text(self.device, "devices")
         result = self._summary(last, totals, history, time.perf_counter() - started, first_epoch)
         result["devices"] = devices
         result["weight_digests"] = digests
@@ -363,7 +385,8 @@ class Trainer:
     def _print_progress(self, result: EpochResult, totals: RunTotals) -> None:
         step_total = sum(totals.phase_seconds.values()) or 1.0
         shares = " ".join(
-            f"{name} {100 * seconds / step_total:.0f}%" for name, seconds in totals.phase_seconds.items()
+            f"{name} {100 * seconds / step_total:.0f}%"
+            for name, seconds in totals.phase_seconds.items()
         )
         print(
             f"epoch {result.epoch}/{self.settings.epochs}  loss {result.loss:.4f}  "
@@ -388,7 +411,11 @@ class Trainer:
             "schema_version": summary.SCHEMA_VERSION,
             "run_id": settings.run_id or "run",
             "model": settings.model,
-            "model_options": {"depth": settings.depth, "layers": settings.layers, "width": settings.width},
+            "model_options": {
+                "depth": settings.depth,
+                "layers": settings.layers,
+                "width": settings.width,
+            },
             "dataset": settings.dataset,
             "ranks": self.size,
             "epochs": settings.epochs,
@@ -426,7 +453,9 @@ def run(settings: TrainSettings) -> dict[str, Any]:
     trainer = Trainer(settings)
     if settings.run_id is None:
         # Every rank labels its metrics with the same run id: rank 0's start time.
-        started = trainer.exchange.broadcast_value(tf.constant(int(time.time()), tf.int64), "run_id")
+        started = trainer.exchange.broadcast_value(
+            tf.constant(int(time.time()), tf.int64), "run_id"
+        )
         run_id = time.strftime("run-%Y%m%d-%H%M%S", time.gmtime(int(started)))
         trainer.settings = settings = settings.replace(run_id=run_id)
     observer: TrainingObserver = NullObserver()
@@ -435,7 +464,7 @@ def run(settings: TrainSettings) -> dict[str, Any]:
             port=settings.metrics_port + trainer.exchange.local_rank,
             addr=settings.metrics_addr,
             rank=trainer.rank,
-            device=settings.device or socket.gethostname(),
+            device=trainer.device,
             run_id=str(settings.run_id),
             certfile=str(settings.metrics_certfile) if settings.metrics_certfile else None,
             keyfile=str(settings.metrics_keyfile) if settings.metrics_keyfile else None,

@@ -52,6 +52,7 @@ Subnet = Annotated[
     str | None, typer.Option(help="Subnet of the experiments' fleets [default: 10.78.0.0/24].")
 ]
 Cpu = Annotated[float | None, typer.Option("--cpu", help="CPU cores per device.")]
+CpuCores = Annotated[float, typer.Option("--cpu", help="CPU cores per device.")]
 
 
 @contextmanager
@@ -242,7 +243,7 @@ def resources(
     quick: Quick = False,
     devices: Annotated[int | None, typer.Option(help="Devices [default: 4; quick: 2].")] = None,
     profile: Annotated[str, typer.Option(help="Link profile of every device.")] = "lte",
-    cpu: Cpu = 0.5,
+    cpu: CpuCores = 0.5,
     cycle_time_ms: CycleTime = "auto",
     out: Out = None,
     dry_run: DryRun = False,
@@ -260,7 +261,7 @@ def resources(
             cycle_time_ms=parse_cycle_time(cycle_time_ms),
             devices=devices,
             profile=profile,
-            cpu_cores_per_device=cpu if cpu is not None else 0.5,
+            cpu_cores_per_device=cpu,
         )
 
     report = _execute(
@@ -273,7 +274,7 @@ def resources(
 def ablation(
     quick: Quick = False,
     devices: Annotated[int, typer.Option(help="Devices.")] = 4,
-    cpu: Cpu = 0.5,
+    cpu: CpuCores = 0.5,
     target: Annotated[float, typer.Option(help="Target val_accuracy (LeNet/MNIST).")] = 0.90,
     cycle_time_ms: CycleTime = "auto",
     out: Out = None,
@@ -292,7 +293,7 @@ def ablation(
             quick=quick,
             cycle_time_ms=parse_cycle_time(cycle_time_ms),
             devices=devices,
-            cpu_cores_per_device=cpu if cpu is not None else 0.5,
+            cpu_cores_per_device=cpu,
             workload=LENET_MNIST.with_target(target),
         )
 
@@ -313,7 +314,7 @@ def bottleneck(
         ),
     ] = None,
     devices: Annotated[int | None, typer.Option(help="Devices [default: 4; quick: 2].")] = None,
-    cpu: Cpu = 0.5,
+    cpu: CpuCores = 0.5,
     cycle_time_ms: CycleTime = "auto",
     out: Out = None,
     dry_run: DryRun = False,
@@ -334,7 +335,7 @@ def bottleneck(
             cycle_time_ms=parse_cycle_time(cycle_time_ms),
             profiles=chosen,
             devices=devices,
-            cpu_cores_per_device=cpu if cpu is not None else 0.5,
+            cpu_cores_per_device=cpu,
         )
 
     report = _execute(

@@ -7,7 +7,6 @@ compute.
 """
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,13 +24,6 @@ pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 DEVICE = "e2e-host"
 # Both ranks sleep this long per batch in the input pipeline: LeNet's step work is ~20 ms here.
 INPUT_DELAY_MS = 250
-
-
-def _worker_env() -> dict[str, str]:
-    """tests/conftest.py's worker_env, for module-scoped fixtures (that one is per test)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GLOBALDL_")}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    return env
 
 
 @dataclass
@@ -80,11 +72,11 @@ def train(prometheus, tmp_path: Path, worker_env, run_id: str, arguments: list[s
 
 
 @pytest.fixture(scope="module")
-def slow_input_run(prometheus, tmp_path_factory, venv_bin):
+def slow_input_run(prometheus, tmp_path_factory, venv_bin, worker_env):
     return train(
         prometheus,
         tmp_path_factory.mktemp("lenet"),
-        _worker_env(),
+        worker_env,
         "e2e-lenet-slow-input",
         [
             "--model",
