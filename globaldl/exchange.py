@@ -1,4 +1,4 @@
-"""The gradient exchange: the only module that calls Horovod.
+"""The gradient exchange: the only module that calls Horovod's collectives.
 
 Everything that crosses the network goes through `Exchange`: the initial broadcast, the one
 collective per training step that carries the compressed gradients, and the small reductions
@@ -9,6 +9,7 @@ that average validation results. The collective is chosen from what the codec de
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import tensorflow as tf
 
@@ -35,18 +36,22 @@ class Exchange:
 
     @property
     def rank(self) -> int:
+        """This worker's rank, 0..size-1."""
         return int(self._hvd.rank())
 
     @property
     def size(self) -> int:
+        """Number of workers in the ring."""
         return int(self._hvd.size())
 
     @property
     def local_rank(self) -> int:
+        """This worker's rank among the workers on its host."""
         return int(self._hvd.local_rank())
 
     @property
     def local_size(self) -> int:
+        """Number of workers on this worker's host."""
         return int(self._hvd.local_size())
 
     def broadcast_variables(self, variables: list[tf.Variable], root_rank: int = 0) -> None:
@@ -57,6 +62,15 @@ class Exchange:
     def broadcast_value(self, value: tf.Tensor, name: str, root_rank: int = 0) -> tf.Tensor:
         """Send one tensor from the root to every rank."""
         return self._hvd.broadcast(value, root_rank=root_rank, name=name)
+
+    def broadcast_object(self, value: Any, name: str, root_rank: int = 0) -> Any:
+        """Send a picklable Python object from the root to every rank (elastic state)."""
+        return self._hvd.broadcast_object(value, root_rank=root_rank, name=name)
+
+    def restart(self) -> None:
+        """Leave the current ring and join the next one (an elastic membership change)."""
+        self._hvd.shutdown()
+        self._hvd.init()
 
     def sum_across_ranks(self, value: tf.Tensor, name: str) -> tf.Tensor:
         """Element-wise sum of a small tensor over all ranks (validation totals, flags)."""

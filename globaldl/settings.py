@@ -72,6 +72,9 @@ class TrainSettings:
     metrics_certfile: Path | None = None
     metrics_keyfile: Path | None = None
     device: str | None = None
+    # Elastic membership (Horovod Elastic): commit the training state every K steps.
+    elastic: bool = False
+    commit_every: int = 20
     # Fault injection, for proving the NaN/Inf path across real ranks.
     inject_nan_step: int | None = None
     inject_nan_rank: int = 0
@@ -116,6 +119,12 @@ class TrainSettings:
         if self.inject_nan_step is not None:
             _check_at_least("inject_nan_step", self.inject_nan_step, 0)
         _check_at_least("inject_nan_rank", self.inject_nan_rank, 0)
+        _check_at_least("commit_every", self.commit_every, 1)
+        if self.elastic and self.resume:
+            raise SettingsError(
+                "elastic and resume cannot be combined: an elastic run keeps its state in the "
+                "surviving workers' memory; resume restarts a stopped run from checkpoint_dir"
+            )
         if self.prune == "dgc" and self.optimizer != "sgd":
             raise SettingsError(
                 f"prune 'dgc' needs optimizer 'sgd', not {self.optimizer!r}: DGC applies momentum "

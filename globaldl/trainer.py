@@ -1,4 +1,4 @@
-"""The training loop: each step is data_load -> compute -> compress -> exchange -> decompress -> apply.
+"""The training loop; each step: data_load, compute, compress, exchange, decompress, apply.
 
 How the phases are timed. The whole step is one `tf.function`. Between phases, `_phase_boundary`
 takes a `tf.timestamp()` that depends (by control edges) on every tensor the phase produced, and
@@ -6,8 +6,8 @@ hands the next phase identity copies of those tensors that depend on the timesta
 cannot start before the previous one has finished, and each timestamp is taken exactly when its
 phase ends. The cost is six timestamp ops and a few identity ops per step, and the loss of overlap
 between phases (`globaldl bench timing`: 0.38 ms, 5.6%, on a 6.8 ms LeNet step), which on
-CPU-only devices the runtime could barely exploit anyway: gradients must exist before they are compressed, and
-the collective must finish before anything is applied. The step returns its six durations with
+CPU-only devices the runtime could barely exploit anyway: gradients must exist before they are
+compressed, and the collective must finish before anything is applied. The step returns its six durations with
 the loss in one small tensor, the only per-step transfer to Python.
 """
 
@@ -55,6 +55,7 @@ class EpochResult:
     examples_per_second: float
 
     def as_dict(self) -> dict[str, float | int]:
+        """The epoch as a plain dict (the summary's history entry)."""
         return dict(self.__dict__)
 
 
@@ -84,7 +85,13 @@ def _no_boundary(tensors: Any) -> tuple[Any, tf.Tensor]:
 
 
 def _configure_threads(local_size: int) -> None:
-    """Share the machine's cores between the ranks that run on it."""
+    """Share the machine's cores between the ranks that run on it (once per process).
+
+    TensorFlow fixes its thread pools when its runtime starts; an elastic worker that builds a
+    second trainer after a membership change keeps the pools it has.
+    """
+    if tf.config.threading.get_intra_op_parallelism_threads() != 0:
+        return
     cores = os.cpu_count() or 1
     tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // max(1, local_size)))
     tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -101,7 +108,8 @@ def _make_optimizer(
     return keras.optimizers.SGD(learning_rate=learning_rate, momentum=momentum)
 
 
-def _optimizer_variables(optimizer: keras.optimizers.Optimizer) -> list[tf.Variable]:
+def optimizer_variables(optimizer: keras.optimizers.Optimizer) -> list[tf.Variable]:
+    """The optimizer's own variables (iteration count, slots), in a stable order."""
     variables = optimizer.variables
     return list(variables() if callable(variables) else variables)
 
@@ -219,7 +227,7 @@ class Trainer:
             (averaged, nonfinite), decompressed = boundary((averaged, nonfinite))
 
             def apply() -> tf.Tensor:
-                optimizer.apply_gradients(zip(averaged, variables))
+                optimizer.apply_gradients(zip(averaged, variables, strict=True))
                 compressor.apply_state(update)
                 compressor.apply_weight_masks()
                 compressor.update_weight_masks(self.step.read_value())
@@ -260,7 +268,7 @@ class Trainer:
     def _broadcast_shared_state(self) -> None:
         shared = [
             *self.model.variables,
-            *_optimizer_variables(self.optimizer),
+            *optimizer_variables(self.optimizer),
             self.step,
             self.epoch,
         ]
@@ -315,61 +323,98 @@ class Trainer:
         self._broadcast_shared_state()
         totals = RunTotals()
         history: list[dict[str, Any]] = []
-        raw_bytes = int(self.compressor.raw_bytes_per_step)
-        global_batch = settings.batch_size * self.size
         last = EpochResult(first_epoch, float("nan"), 0.0, float("nan"), 0.0, 0.0, 0.0)
         for epoch in range(first_epoch, settings.epochs):
             epoch_started = time.perf_counter()
             iterator = iter(self.pipeline.train_batches(epoch))
-            train_totals = np.zeros(3)  # loss sum, correct, examples (finite steps only)
+            epoch_totals = np.zeros(3)
             for _ in range(self.steps_per_epoch):
-                values = self._train_step(iterator).numpy()
-                phases = dict(zip(PHASES, values[: len(PHASES)].tolist(), strict=True))
-                skipped = bool(values[_SKIPPED])
-                wire_bytes = int(values[_WIRE_BYTES])
-                if not skipped:
-                    train_totals += (
-                        values[_LOSS] * settings.batch_size,
-                        values[_CORRECT],
-                        settings.batch_size,
-                    )
-                observer.observe_step(
-                    phases,
-                    settings.batch_size,
-                    raw_bytes,
-                    wire_bytes,
-                    float(values[_LOSS]),
-                    skipped=skipped,
-                )
-                totals.steps += 1
-                totals.skipped_steps += int(skipped)
-                totals.gradient_bytes_raw += raw_bytes
-                totals.gradient_bytes_wire += wire_bytes
-                for name, seconds in phases.items():
-                    totals.phase_seconds[name] += seconds
-            train_seconds = time.perf_counter() - epoch_started
-            train_sum = self.exchange.sum_across_ranks(
-                tf.constant(train_totals), "train_totals"
-            ).numpy()
-            val_loss_sum, val_correct, val_count = self._validate()
-            last = EpochResult(
-                epoch=epoch + 1,
-                loss=float(train_sum[0] / max(train_sum[2], 1)),
-                accuracy=float(train_sum[1] / max(train_sum[2], 1)),
-                val_loss=float(val_loss_sum / max(val_count, 1)),
-                val_accuracy=float(val_correct / max(val_count, 1)),
-                seconds=time.perf_counter() - epoch_started,
-                examples_per_second=self.steps_per_epoch * global_batch / max(train_seconds, 1e-9),
+                self.run_step(iterator, observer, totals, epoch_totals)
+            last = self.end_epoch(
+                epoch, epoch_totals, self.steps_per_epoch, epoch_started, observer, totals
             )
             history.append(last.as_dict())
-            observer.observe_epoch(last.epoch, last.val_loss, last.val_accuracy)
-            if settings.checkpoint_dir is not None:
-                self._save(last.epoch)
-            if self.rank == 0:
-                self._print_progress(last, totals)
+        return self.finish(last, totals, history, time.perf_counter() - started, first_epoch)
+
+    def run_step(
+        self,
+        iterator: Any,
+        observer: TrainingObserver,
+        totals: RunTotals,
+        epoch_totals: np.ndarray,
+    ) -> bool:
+        """Run one training step; add it to the run's and the epoch's totals.
+
+        `epoch_totals` holds this rank's loss sum, correct predictions and examples over the
+        epoch's finite steps. Returns whether every rank skipped the step (nonfinite gradients).
+        """
+        batch_size = self.settings.batch_size
+        values = self._train_step(iterator).numpy()
+        phases = dict(zip(PHASES, values[: len(PHASES)].tolist(), strict=True))
+        skipped = bool(values[_SKIPPED])
+        wire_bytes = int(values[_WIRE_BYTES])
+        raw_bytes = int(self.compressor.raw_bytes_per_step)
+        if not skipped:
+            epoch_totals += (values[_LOSS] * batch_size, values[_CORRECT], batch_size)
+        observer.observe_step(
+            phases, batch_size, raw_bytes, wire_bytes, float(values[_LOSS]), skipped=skipped
+        )
+        totals.steps += 1
+        totals.skipped_steps += int(skipped)
+        totals.gradient_bytes_raw += raw_bytes
+        totals.gradient_bytes_wire += wire_bytes
+        for name, seconds in phases.items():
+            totals.phase_seconds[name] += seconds
+        return skipped
+
+    def end_epoch(
+        self,
+        epoch: int,
+        epoch_totals: np.ndarray,
+        steps: int,
+        epoch_started: float,
+        observer: TrainingObserver,
+        totals: RunTotals,
+    ) -> EpochResult:
+        """Average the epoch over all ranks, validate, checkpoint; return the epoch's result.
+
+        `steps` is the number of steps this process ran in the epoch (all of them, or the
+        part after an elastic restart), for the throughput.
+        """
+        train_seconds = time.perf_counter() - epoch_started
+        train_sum = self.exchange.sum_across_ranks(tf.constant(epoch_totals), "train_totals")
+        train_sum = train_sum.numpy()
+        val_loss_sum, val_correct, val_count = self._validate()
+        result = EpochResult(
+            epoch=epoch + 1,
+            loss=float(train_sum[0] / max(train_sum[2], 1)),
+            accuracy=float(train_sum[1] / max(train_sum[2], 1)),
+            val_loss=float(val_loss_sum / max(val_count, 1)),
+            val_accuracy=float(val_correct / max(val_count, 1)),
+            seconds=time.perf_counter() - epoch_started,
+            examples_per_second=(
+                steps * self.settings.batch_size * self.size / max(train_seconds, 1e-9)
+            ),
+        )
+        observer.observe_epoch(result.epoch, result.val_loss, result.val_accuracy)
+        if self.settings.checkpoint_dir is not None:
+            self._save(result.epoch)
+        if self.rank == 0:
+            self._print_progress(result, totals)
+        return result
+
+    def finish(
+        self,
+        last: EpochResult,
+        totals: RunTotals,
+        history: list[dict[str, Any]],
+        wall_seconds: float,
+        first_epoch: int,
+    ) -> dict[str, Any]:
+        """The run summary, with every rank's device name and weight digest (collectives)."""
         digests = self._weight_digests()
         devices = self.exchange.gather_text(self.device, "devices")
-        result = self._summary(last, totals, history, time.perf_counter() - started, first_epoch)
+        result = self._summary(last, totals, history, wall_seconds, first_epoch)
         result["devices"] = devices
         result["weight_digests"] = digests
         result["weights_identical"] = len(set(digests)) == 1

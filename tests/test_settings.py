@@ -46,6 +46,11 @@ def test_environment_booleans_and_paths_are_coerced(tmp_path: Path) -> None:
         ({"learning_rate": -1.0}, "learning_rate -1.0 is not allowed"),
         ({"metrics_port": 70000}, "metrics_port 70000 is not allowed"),
         ({"resume": True}, "resume needs checkpoint_dir"),
+        ({"commit_every": 0}, "commit_every 0 is not allowed; use a whole number >= 1"),
+        (
+            {"elastic": True, "resume": True, "checkpoint_dir": Path("c")},
+            "elastic and resume cannot be combined",
+        ),
     ],
 )
 def test_bad_values_name_the_value_and_the_choices(changes: dict, message: str) -> None:

@@ -322,12 +322,42 @@ def run(
         str | None,
         typer.Option(help="horovodrun --network-interface (default: let Horovod probe)."),
     ] = None,
+    elastic: Annotated[
+        bool,
+        typer.Option(
+            "--elastic",
+            help="Horovod Elastic: devices killed mid-run drop out, revived ones rejoin "
+            "(adds `--elastic` to the train arguments).",
+        ),
+    ] = False,
+    min_np: Annotated[
+        int | None, typer.Option(help="Elastic: fewest devices to go on with [default: 1].")
+    ] = None,
+    max_np: Annotated[
+        int | None,
+        typer.Option(help="Elastic: most devices to use [default: all devices of the fleet]."),
+    ] = None,
+    elastic_timeout_seconds: Annotated[
+        int,
+        typer.Option(help="Elastic: give up after waiting this long for min-np devices."),
+    ] = 60,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Train on every live device with horovodrun; compare interface bytes with the summary."""
     worker_args = list(args or [])
     with user_errors():
         fleet = Fleet(state_dir)
+        elastic_options = None
+        if elastic:
+            elastic_options = launcher.ElasticOptions(
+                min_np=min_np or 1,
+                max_np=max_np or len(fleet.require_state().devices),
+                elastic_timeout_seconds=elastic_timeout_seconds,
+            )
+            if not exec_command and "--elastic" not in worker_args:
+                worker_args.append("--elastic")
+        elif min_np is not None or max_np is not None:
+            raise ValueError("--min-np and --max-np need --elastic")
         run_id = run_id or launcher.option_value(worker_args, "--run-id") or launcher.new_run_id()
         if exec_command:
             if not worker_args:
@@ -365,6 +395,7 @@ def run(
             timeout_seconds=timeout_seconds,
             start_timeout_seconds=start_timeout_seconds,
             network_interface=network_interface,
+            elastic=elastic_options,
         )
     typer.echo(
         f"fleet run {result.run_id}: {len(result.hosts)} devices, exit {result.returncode}, "

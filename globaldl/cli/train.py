@@ -57,6 +57,8 @@ def train(
     metrics_certfile: Annotated[Path | None, typer.Option(help="TLS certificate for the metrics endpoint.")] = None,
     metrics_keyfile: Annotated[Path | None, typer.Option(help="TLS key for the metrics endpoint.")] = None,
     device: Annotated[str | None, typer.Option(help="Device name in metrics [default: host name].")] = None,
+    elastic: Annotated[bool | None, typer.Option("--elastic/--no-elastic", help="Run under Horovod Elastic (horovodrun --min-np/--max-np/--host-discovery-script): devices may leave and join [default: off].")] = None,
+    commit_every: Annotated[int | None, typer.Option(help="Elastic: commit the training state every K steps; a failure loses at most K steps [default: 20].")] = None,
     inject_nan_step: Annotated[int | None, typer.Option(help="Fault injection: make one rank's gradients NaN at this global step.")] = None,
     inject_nan_rank: Annotated[int | None, typer.Option(help="Fault injection: the rank whose gradients turn NaN [default: 0].")] = None,
 ) -> None:
@@ -65,6 +67,12 @@ def train(
     config_file = flags.pop("config")
     with user_errors():
         settings = resolve_settings(flags, config_file)
-        from globaldl.trainer import run  # TensorFlow loads only once the settings are valid
+        # TensorFlow loads only once the settings are valid.
+        if settings.elastic:
+            from globaldl.elastic import run_elastic
 
-        run(settings)
+            run_elastic(settings)
+        else:
+            from globaldl.trainer import run
+
+            run(settings)

@@ -39,6 +39,46 @@ class FleetRunResult:
     targets_path: Path | None
 
 
+@dataclass(frozen=True)
+class ElasticOptions:
+    """How a Horovod Elastic run on the fleet may shrink and grow, and how long it waits.
+
+    `elastic_timeout_seconds` bounds every wait for enough devices (Horovod's default, 600 s,
+    looks like a hang); `cooldown_seconds` is how long a failed device stays blacklisted
+    before a revived device may rejoin (Horovod's default is never).
+    """
+
+    min_np: int
+    max_np: int
+    elastic_timeout_seconds: int = 60
+    cooldown_seconds: tuple[int, int] = (5, 10)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_np <= self.max_np:
+            raise ValueError(
+                f"elastic run needs 1 <= min_np <= max_np, got min_np {self.min_np} and "
+                f"max_np {self.max_np}"
+            )
+        if self.elastic_timeout_seconds < 1:
+            raise ValueError(f"elastic timeout must be >= 1 s, got {self.elastic_timeout_seconds}")
+        low, high = self.cooldown_seconds
+        if not 0 < low <= high:
+            raise ValueError(f"blacklist cooldown must be 0 < min <= max s, got {low}..{high}")
+
+
+def discovery_script(state_dir: Path) -> Path:
+    """Write the fleet's Horovod Elastic host-discovery script (live devices, ADDR:1 each)."""
+    path = Path(state_dir) / "discover-hosts.sh"
+    write_atomically(
+        path,
+        "#!/bin/sh\n"
+        "# Live devices of this fleet, one ADDR:1 line each (Horovod Elastic host discovery).\n"
+        f"exec {sys.executable} -m globaldl.cli.fleet hosts --state-dir {Path(state_dir)}\n",
+    )
+    path.chmod(0o755)
+    return path
+
+
 def horovodrun_argv(
     devices: list[DeviceState],
     identity_file: Path,
@@ -47,18 +87,32 @@ def horovodrun_argv(
     horovodrun: Path = BIN / "horovodrun",
     start_timeout_seconds: int = DEFAULT_START_TIMEOUT_SECONDS,
     network_interface: str | None = None,
+    elastic: ElasticOptions | None = None,
+    discovery: Path | None = None,
 ) -> list[str]:
-    """`horovodrun -np N -H a:1,b:1 --gloo --ssh-identity-file KEY WORKER...`: a rank per device."""
+    """`horovodrun -np N -H a:1,b:1 --gloo --ssh-identity-file KEY WORKER...`: a rank per device.
+
+    With `elastic`, the host list comes from the `discovery` script instead, and the run may
+    shrink to `min_np` devices and grow to `max_np`.
+    """
     if not devices:
         raise ValueError(
             "no live devices to run on; check `globaldl fleet status` or `fleet revive`"
         )
-    argv = [
-        str(horovodrun),
-        "-np",
-        str(len(devices)),
-        "-H",
-        ",".join(f"{d.address}:1" for d in devices),
+    argv = [str(horovodrun), "-np", str(len(devices))]
+    if elastic is None:
+        argv += ["-H", ",".join(f"{d.address}:1" for d in devices)]
+    else:
+        if discovery is None:
+            raise ValueError("an elastic run needs a host-discovery script")
+        low, high = elastic.cooldown_seconds
+        argv += [
+            "--min-np", str(elastic.min_np), "--max-np", str(elastic.max_np),
+            "--host-discovery-script", str(discovery),
+            "--elastic-timeout", str(elastic.elastic_timeout_seconds),
+            "--blacklist-cooldown-range", str(low), str(high),
+        ]  # fmt: skip
+    argv += [
         "--gloo",
         "--ssh-identity-file",
         str(identity_file),
@@ -125,6 +179,7 @@ def run_on_fleet(
     start_timeout_seconds: int = DEFAULT_START_TIMEOUT_SECONDS,
     network_interface: str | None = None,
     env: dict[str, str] | None = None,
+    elastic: ElasticOptions | None = None,
 ) -> FleetRunResult:
     """Launch `worker_argv` on every live device, then compare interface counters with the summary.
 
@@ -139,6 +194,8 @@ def run_on_fleet(
         worker_argv,
         start_timeout_seconds=start_timeout_seconds,
         network_interface=network_interface,
+        elastic=elastic,
+        discovery=discovery_script(fleet.state_dir) if elastic is not None else None,
     )
     targets_path = None
     if targets_dir is not None and metrics_port is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from globaldl.fleet.accounting import account_bytes
-from globaldl.fleet.launcher import horovodrun_argv, train_argv
+from globaldl.fleet.launcher import ElasticOptions, horovodrun_argv, train_argv
 from globaldl.fleet.plan import plan_fleet
 from globaldl.fleet.profiles import (
     DEFAULT_PROFILES_PATH,
@@ -195,6 +195,28 @@ def test_horovodrun_command_lists_one_slot_per_device_and_the_fleet_key():
     assert "--gloo" in argv and argv[-2:] == ["python", "t.py"]
     with pytest.raises(ValueError, match="no live devices"):
         horovodrun_argv([], Path("/k"), ["x"])
+
+
+def test_elastic_horovodrun_command_uses_discovery_and_bounded_waits():
+    argv = horovodrun_argv(
+        [_device("a-1", "10.1.0.2"), _device("a-2", "10.1.0.3")],
+        Path("/run/x/ssh/id"),
+        ["globaldl", "train", "--elastic"],
+        elastic=ElasticOptions(min_np=1, max_np=3, elastic_timeout_seconds=45),
+        discovery=Path("/run/x/discover-hosts.sh"),
+    )
+    assert "-H" not in argv
+    assert argv[argv.index("--host-discovery-script") + 1] == "/run/x/discover-hosts.sh"
+    assert argv[argv.index("--min-np") + 1] == "1" and argv[argv.index("--max-np") + 1] == "3"
+    assert argv[argv.index("--elastic-timeout") + 1] == "45"
+    cooldown = argv.index("--blacklist-cooldown-range")
+    assert argv[cooldown + 1 : cooldown + 3] == ["5", "10"]
+    with pytest.raises(ValueError, match="min_np 3 and max_np 2"):
+        ElasticOptions(min_np=3, max_np=2)
+    with pytest.raises(ValueError, match="needs a host-discovery script"):
+        horovodrun_argv(
+            [_device("a-1", "10.1.0.2")], Path("/k"), ["x"], elastic=ElasticOptions(1, 1)
+        )
 
 
 def test_train_command_binds_metrics_to_each_devices_own_address():

@@ -1,0 +1,148 @@
+"""Elastic training under real Horovod Elastic: a worker dies, a worker joins, too few remain.
+
+Workers run on this machine under two host names (`localhost`, `127.0.0.1`) so that Horovod's
+blacklisting of a failed host takes out only the worker that failed. A device "dies" when the
+test SIGKILLs the worker process Horovod started for host `127.0.0.1`, mid-epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from horovod_launch import ElasticLaunch
+
+from globaldl import summary as summary_module
+
+pytestmark = pytest.mark.horovod
+
+COMMIT_EVERY = 10
+# LeNet on the MNIST subset, 3 epochs: 4000 examples / (3 x 16) = 83 steps per epoch.
+TRAIN = [
+    "--model",
+    "lenet",
+    "--dataset",
+    "mnist",
+    "--epochs",
+    "3",
+    "--commit-every",
+    str(COMMIT_EVERY),
+    "--seed",
+    "0",
+]
+KILL_AFTER_EPOCH_SECONDS = 3.0  # into the second epoch (an epoch takes ~15-40 s here)
+MAX_ACCURACY_LOSS = 0.01
+# A survivor notices a dead peer either at once (connection reset) or when Gloo's wait for it
+# times out; 10 s keeps the test short (Horovod's default is 30 s).
+GLOO_TIMEOUT = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}
+
+
+def _env(worker_env: dict[str, str]) -> dict[str, str]:
+    return {**worker_env, **GLOO_TIMEOUT}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(
+    tmp_path_factory: pytest.TempPathFactory, venv_bin: Path, worker_env: dict[str, str]
+) -> dict[str, Any]:
+    launch = ElasticLaunch(
+        tmp_path_factory.mktemp("uninterrupted"),
+        TRAIN,
+        _env(worker_env),
+        ["localhost:2", "127.0.0.1:1"],
+        np=3,
+        min_np=2,
+        max_np=3,
+    )
+    return launch.summary()
+
+
+def test_elastic_kill_one_of_three_workers_and_the_run_completes(
+    tmp_path: Path, uninterrupted: dict[str, Any], worker_env: dict[str, str]
+) -> None:
+    launch = ElasticLaunch(
+        tmp_path,
+        TRAIN,
+        _env(worker_env),
+        ["localhost:2", "127.0.0.1:1"],
+        np=3,
+        min_np=2,
+        max_np=3,
+    )
+    launch.wait_for_line(r"epoch 1/3", timeout_seconds=300)
+    time.sleep(KILL_AFTER_EPOCH_SECONDS)
+    killed_at = time.time()
+    launch.kill_worker_on("127.0.0.1")
+    result = launch.summary()
+    summary_module.validate(result)
+    elastic = result["elastic"]
+    assert elastic["sizes"] == [3, 2], elastic
+    assert result["ranks"] == 2 and result["weights_identical"], result["weight_digests"]
+    [event] = elastic["events"]
+    assert event["reason"] == "failure" and event["size_before"] == 3
+    assert event["size_after"] == 2
+    assert 0 <= event["lost_steps"] <= COMMIT_EVERY
+    assert event["step"] % COMMIT_EVERY == 0 or event["step"] % 83 == 0, event
+    assert killed_at < event["detected_at"] < event["first_step_at"]
+    # The learning rate and the global batch follow the new size.
+    assert result["learning_rate"] == pytest.approx(0.01 * 2)
+    assert result["global_batch_size"] == 16 * 2
+    assert uninterrupted["elastic"]["sizes"] == [3]
+    assert abs(result["val_accuracy"] - uninterrupted["val_accuracy"]) <= MAX_ACCURACY_LOSS, (
+        result["val_accuracy"],
+        uninterrupted["val_accuracy"],
+    )
+
+
+def test_elastic_worker_joins_mid_run_and_ends_with_the_same_weights(
+    tmp_path: Path, venv_bin: Path, worker_env: dict[str, str]
+) -> None:
+    launch = ElasticLaunch(
+        tmp_path,
+        TRAIN,
+        _env(worker_env),
+        ["localhost:2"],
+        np=2,
+        min_np=2,
+        max_np=3,
+    )
+    launch.wait_for_line(r"epoch 1/3", timeout_seconds=300)
+    launch.set_hosts(["localhost:2", "127.0.0.1:1"])
+    result = launch.summary()
+    summary_module.validate(result)
+    elastic = result["elastic"]
+    assert elastic["sizes"] == [2, 3], elastic
+    assert [event["reason"] for event in elastic["events"]] == ["hosts_changed"]
+    assert elastic["lost_steps"] == 0
+    assert result["ranks"] == 3
+    assert len(result["weight_digests"]) == 3 and result["weights_identical"], result[
+        "weight_digests"
+    ]
+    assert result["val_accuracy"] >= 0.90
+
+
+def test_elastic_below_min_np_stops_within_the_elastic_timeout(
+    tmp_path: Path, venv_bin: Path, worker_env: dict[str, str]
+) -> None:
+    launch = ElasticLaunch(
+        tmp_path,
+        TRAIN,
+        _env(worker_env),
+        ["localhost:1", "127.0.0.1:1"],
+        np=2,
+        min_np=2,
+        max_np=2,
+        elastic_timeout_seconds=10,
+    )
+    launch.wait_for_line(r"epoch 1/3", timeout_seconds=300)
+    launch.kill_worker_on("127.0.0.1")
+    killed = time.monotonic()
+    code = launch.finish(timeout_seconds=180)
+    waited = time.monotonic() - killed
+    assert code != 0, launch.output[-3000:]
+    assert "minimum number of slots" in launch.output, launch.output[-3000:]
+    # Gloo's timeout (10 s) to notice, the elastic timeout (10 s) to give up, and shutdown.
+    assert waited < 90, waited
+    assert not launch.summary_path.exists()
