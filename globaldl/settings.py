@@ -27,7 +27,7 @@ DATASET_NAMES: tuple[str, ...] = ("mnist", "digits", "cifar-synthetic", "moving-
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam")
 PRUNE_NAMES: tuple[str, ...] = ("none", "topk", "randomk", "threshold", "dgc")
 QUANTIZE_NAMES: tuple[str, ...] = ("none", "fp16", "int8", "qsgd", "terngrad", "sign")
-BALANCE_NAMES: tuple[str, ...] = ("equal",)
+BALANCE_NAMES: tuple[str, ...] = ("equal", "speed")
 
 
 class SettingsError(ValueError):
@@ -72,6 +72,8 @@ class TrainSettings:
     metrics_certfile: Path | None = None
     metrics_keyfile: Path | None = None
     device: str | None = None
+    # Work per device: equal local batches, or in proportion to measured speed.
+    balance: str = "equal"
     # Elastic membership (Horovod Elastic): commit the training state every K steps.
     elastic: bool = False
     commit_every: int = 20
@@ -86,6 +88,7 @@ class TrainSettings:
         _check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
         _check_choice("prune", self.prune, PRUNE_NAMES)
         _check_choice("quantize", self.quantize, QUANTIZE_NAMES)
+        _check_choice("balance", self.balance, BALANCE_NAMES)
         if self.model == "resnet":
             _check_choice("depth", self.depth, RESNET_DEPTHS)
         _check_at_least("layers", self.layers, 1)
@@ -120,6 +123,16 @@ class TrainSettings:
             _check_at_least("inject_nan_step", self.inject_nan_step, 0)
         _check_at_least("inject_nan_rank", self.inject_nan_rank, 0)
         _check_at_least("commit_every", self.commit_every, 1)
+        if self.balance == "speed" and self.elastic:
+            raise SettingsError(
+                "balance 'speed' and elastic cannot be combined yet: the speeds are measured "
+                "once, before training, for a fixed set of devices"
+            )
+        if self.balance == "speed" and self.data_dir is not None:
+            raise SettingsError(
+                "balance 'speed' needs the in-memory dataset (shards sized by speed); "
+                "drop data_dir"
+            )
         if self.elastic and self.resume:
             raise SettingsError(
                 "elastic and resume cannot be combined: an elastic run keeps its state in the "

@@ -29,6 +29,7 @@ import tf_keras as keras
 
 import globaldl
 from globaldl import checkpoint, summary
+from globaldl.balance import gradient_weight, split_batch
 from globaldl.compression import CompressionConfig, GradientCompressor
 from globaldl.exchange import Exchange
 from globaldl.models import build_model
@@ -38,6 +39,8 @@ from globaldl.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
+# Batches timed per rank by `--balance speed` (after one warm-up batch).
+BALANCE_PROBE_BATCHES = 8
 # Layout of the vector one training step returns.
 _LOSS, _CORRECT, _WIRE_BYTES, _SKIPPED = range(len(PHASES), len(PHASES) + 4)
 
@@ -136,9 +139,6 @@ class Trainer:
             data_dir=settings.data_dir,
             input_delay_ms=settings.input_delay_ms,
         )
-        self.steps_per_epoch = self.pipeline.steps_per_epoch
-        if settings.max_steps_per_epoch is not None:
-            self.steps_per_epoch = min(self.steps_per_epoch, settings.max_steps_per_epoch)
         spec = self.pipeline.spec
         self.model = build_model(
             settings.model,
@@ -151,6 +151,17 @@ class Trainer:
         )
         self.model(tf.zeros((1, *spec.input_shape)), training=False)
         self.variables = list(self.model.trainable_variables)
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        # Local batch of every rank: equal shares, or in proportion to measured speed.
+        self.rank_batch_sizes: tuple[int, ...] = (settings.batch_size,) * self.size
+        self.measured_speeds: list[float] | None = None
+        if settings.balance == "speed" and self.size > 1:
+            self._balance_by_speed()
+        self.batch_size = self.rank_batch_sizes[self.rank]
+        self.global_batch_size = sum(self.rank_batch_sizes)
+        self.steps_per_epoch = self.pipeline.steps_per_epoch
+        if settings.max_steps_per_epoch is not None:
+            self.steps_per_epoch = min(self.steps_per_epoch, settings.max_steps_per_epoch)
         self.compressor = GradientCompressor(
             CompressionConfig(
                 prune=settings.prune,
@@ -174,7 +185,6 @@ class Trainer:
         self.optimizer.build(self.variables)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.shared_state = tf.train.Checkpoint(
             model=self.model, optimizer=self.optimizer, step=self.step, epoch=self.epoch
         )
@@ -182,6 +192,57 @@ class Trainer:
             **{f"compressor_{index}": v for index, v in enumerate(self.compressor.state_variables)}
         )
         self._train_step = self._build_train_step()
+
+    # ----------------------------------------------------------------- balance
+    def _balance_by_speed(self) -> None:
+        """Time this rank's compute, share the speeds, take a batch in proportion (balance.py)."""
+        speed = self._measure_speed()
+        speeds = self.exchange.gather_across_ranks(
+            tf.constant([speed], tf.float64), "balance_speeds"
+        )
+        self.measured_speeds = [float(value) for value in speeds.numpy()]
+        self.rank_batch_sizes = split_batch(
+            self.settings.batch_size * self.size, self.measured_speeds
+        )
+        settings = self.settings
+        self.pipeline = make_pipeline(
+            settings.dataset,
+            rank=self.rank,
+            num_ranks=self.size,
+            batch_size=self.rank_batch_sizes[self.rank],
+            seed=settings.seed,
+            data_dir=settings.data_dir,
+            input_delay_ms=settings.input_delay_ms,
+            rank_batch_sizes=self.rank_batch_sizes,
+        )
+        if self.rank == 0:
+            print(
+                "balance speed: examples/s per rank "
+                + ", ".join(f"{value:.0f}" for value in self.measured_speeds)
+                + " -> local batches "
+                + ", ".join(str(size) for size in self.rank_batch_sizes),
+                flush=True,
+            )
+
+    def _measure_speed(self) -> float:
+        """Examples per second of this rank's forward and backward pass (no exchange)."""
+        model, loss_fn, variables = self.model, self.loss_fn, self.variables
+
+        @tf.function
+        def forward_backward(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(labels, model(images, training=True))
+            gradients = tape.gradient(loss, variables)
+            return tf.add_n([tf.reduce_sum(g) for g in gradients if g is not None])
+
+        batches = iter(self.pipeline.train_batches(0))
+        forward_backward(*next(batches)).numpy()  # traced and warmed up, not timed
+        timed = [next(batches) for _ in range(BALANCE_PROBE_BATCHES)]
+        started = time.perf_counter()
+        for images, labels in timed:
+            forward_backward(images, labels).numpy()
+        seconds = time.perf_counter() - started
+        return BALANCE_PROBE_BATCHES * self.settings.batch_size / max(seconds, 1e-9)
 
     # ----------------------------------------------------------------- the step
     def _build_train_step(self) -> Callable[[Any], tf.Tensor]:
@@ -191,6 +252,7 @@ class Trainer:
         boundary = _phase_boundary if self.phase_timing else _no_boundary
         inject_nan_step = self.settings.inject_nan_step
         inject_nan_rank = self.settings.inject_nan_rank
+        weight = gradient_weight(self.rank_batch_sizes, self.rank)
 
         @tf.function
         def train_step(iterator: Any) -> tf.Tensor:
@@ -205,6 +267,9 @@ class Trainer:
                 if model.losses:
                     loss += tf.add_n(model.losses)
             gradients = compressor.mask_gradients(tape.gradient(loss, variables))
+            if weight != 1.0:
+                # Unequal local batches: weight by sample count so the average stays the mean.
+                gradients = [None if g is None else g * weight for g in gradients]
             if inject_nan_step is not None:
                 poisoned = tf.logical_and(
                     tf.equal(self.step, inject_nan_step), tf.constant(self.rank == inject_nan_rank)
@@ -348,7 +413,7 @@ class Trainer:
         `epoch_totals` holds this rank's loss sum, correct predictions and examples over the
         epoch's finite steps. Returns whether every rank skipped the step (nonfinite gradients).
         """
-        batch_size = self.settings.batch_size
+        batch_size = self.batch_size
         values = self._train_step(iterator).numpy()
         phases = dict(zip(PHASES, values[: len(PHASES)].tolist(), strict=True))
         skipped = bool(values[_SKIPPED])
@@ -392,9 +457,7 @@ class Trainer:
             val_loss=float(val_loss_sum / max(val_count, 1)),
             val_accuracy=float(val_correct / max(val_count, 1)),
             seconds=time.perf_counter() - epoch_started,
-            examples_per_second=(
-                steps * self.settings.batch_size * self.size / max(train_seconds, 1e-9)
-            ),
+            examples_per_second=(steps * self.global_batch_size / max(train_seconds, 1e-9)),
         )
         observer.observe_epoch(result.epoch, result.val_loss, result.val_accuracy)
         if self.settings.checkpoint_dir is not None:
@@ -466,7 +529,10 @@ class Trainer:
             "epochs": settings.epochs,
             "steps": totals.steps,
             "skipped_steps": totals.skipped_steps,
-            "global_batch_size": settings.batch_size * self.size,
+            "global_batch_size": self.global_batch_size,
+            "balance": settings.balance,
+            "rank_batch_sizes": list(self.rank_batch_sizes),
+            "measured_speeds": self.measured_speeds,
             "learning_rate": self.learning_rate,
             "val_accuracy": last.val_accuracy,
             "val_loss": last.val_loss if np.isfinite(last.val_loss) else 0.0,

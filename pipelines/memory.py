@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from globaldl.pipelines.sharding import strided_indices
+from globaldl.pipelines.sharding import proportional_indices, strided_indices
 from globaldl.pipelines.source import ExampleSource
 from globaldl.pipelines.spec import DatasetArrays
 
@@ -13,13 +13,26 @@ from globaldl.pipelines.spec import DatasetArrays
 class InMemorySource(ExampleSource):
     """Rank ``r`` of ``R`` owns examples ``r, r + R, r + 2R, ...`` of each split.
 
+    With ``shares`` (one whole number per rank, e.g. the ranks' local batch sizes) rank ``r``
+    owns a share of the training split proportional to ``shares[r]`` instead
+    (``proportional_indices``); validation stays strided.
+
     Only this rank's share is copied into TensorFlow (once, at construction); a batch is one
     ``tf.gather`` of the batch's indices, so an epoch costs no Python work per example.
     """
 
-    def __init__(self, arrays: DatasetArrays, rank: int, num_ranks: int) -> None:
+    def __init__(
+        self,
+        arrays: DatasetArrays,
+        rank: int,
+        num_ranks: int,
+        shares: tuple[int, ...] | None = None,
+    ) -> None:
         super().__init__(arrays.spec, rank, num_ranks)
-        self._train_indices = strided_indices(arrays.spec.train_size, rank, num_ranks)
+        if shares is not None and len(shares) != num_ranks:
+            raise ValueError(f"shares needs one entry per rank ({num_ranks}), got {shares!r}")
+        self._shares = shares
+        self._train_indices = self._owned(rank)
         validation_indices = strided_indices(arrays.spec.val_size, rank, num_ranks)
         self._train_images = tf.constant(arrays.train_images[self._train_indices])
         self._train_labels = tf.constant(arrays.train_labels[self._train_indices])
@@ -28,11 +41,13 @@ class InMemorySource(ExampleSource):
 
     @property
     def train_examples_per_rank(self) -> tuple[int, ...]:
-        """Training examples owned by each rank (they differ by at most one)."""
-        return tuple(
-            len(strided_indices(self.spec.train_size, rank, self.num_ranks))
-            for rank in range(self.num_ranks)
-        )
+        """Training examples owned by each rank (equal shares: they differ by at most one)."""
+        return tuple(len(self._owned(rank)) for rank in range(self.num_ranks))
+
+    def _owned(self, rank: int) -> np.ndarray:
+        if self._shares is None:
+            return strided_indices(self.spec.train_size, rank, self.num_ranks)
+        return proportional_indices(self.spec.train_size, rank, self._shares)
 
     @property
     def rank_train_indices(self) -> np.ndarray:

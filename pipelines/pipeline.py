@@ -36,6 +36,10 @@ class InputPipeline:
         validation_examples: validation examples this rank evaluates.
         data_dir: the directory of the TFRecord shards, or None when serving from memory.
 
+    With ``rank_batch_sizes`` (one local batch size per rank, from ``--balance speed``) the
+    ranks' batches differ; their shards must then be proportional to them (an
+    ``InMemorySource`` with those ``shares``) so that every rank still runs the same steps.
+
     """
 
     def __init__(
@@ -47,6 +51,7 @@ class InputPipeline:
         pixel_max: int,
         input_delay_ms: float = 0.0,
         data_dir: Path | None = None,
+        rank_batch_sizes: tuple[int, ...] | None = None,
     ) -> None:
         self.spec: DatasetSpec = source.spec
         self.rank = source.rank
@@ -58,15 +63,23 @@ class InputPipeline:
         self._source = source
         self._pixel_max = pixel_max
         examples_per_rank = source.train_examples_per_rank
-        smallest_shard = min(examples_per_rank)
-        if batch_size > smallest_shard:
-            smallest_rank = examples_per_rank.index(smallest_shard)
+        batch_sizes = rank_batch_sizes or (batch_size,) * self.num_ranks
+        if len(batch_sizes) != self.num_ranks or batch_sizes[self.rank] != batch_size:
             raise ValueError(
-                f"batch size {batch_size} is larger than the {smallest_shard} training "
-                f"examples of rank {smallest_rank} of {self.num_ranks}; "
-                f"at most {smallest_shard} is possible"
+                f"rank_batch_sizes {rank_batch_sizes!r} must hold one batch size per rank "
+                f"({self.num_ranks}), with this rank's ({self.rank}) equal to {batch_size}"
             )
-        self.steps_per_epoch = smallest_shard // batch_size
+        steps = [
+            examples // size for examples, size in zip(examples_per_rank, batch_sizes, strict=True)
+        ]
+        if min(steps) < 1:
+            short = steps.index(min(steps))
+            raise ValueError(
+                f"batch size {batch_sizes[short]} is larger than the "
+                f"{examples_per_rank[short]} training examples of rank {short} of "
+                f"{self.num_ranks}; at most {examples_per_rank[short]} is possible"
+            )
+        self.steps_per_epoch = min(steps)
         self.train_examples = examples_per_rank[self.rank]
         self.validation_examples = source.validation_examples
         source.prepare()
@@ -137,6 +150,7 @@ def make_pipeline(
     seed: int,
     data_dir: Path | None = None,
     input_delay_ms: float = 0.0,
+    rank_batch_sizes: tuple[int, ...] | None = None,
 ) -> InputPipeline:
     """Build rank ``rank``'s input pipeline for dataset ``name`` (one of ``DATASET_NAMES``).
 
@@ -144,7 +158,9 @@ def make_pipeline(
     ``data_dir/<name>-seed<seed>/`` (only the shards this rank reads; existing shards are
     checked, not rewritten) and every epoch reads them from disk. Without it, batches come
     from the in-memory arrays. ``input_delay_ms`` adds a sleep per training batch inside
-    the tf.data graph (0: no extra operation at all).
+    the tf.data graph (0: no extra operation at all). ``rank_batch_sizes`` gives every rank
+    its own local batch (``batch_size`` is this rank's) and each rank a share of the data in
+    proportion to it; it needs the in-memory source.
     """
     require_dataset_name(name)
     require_rank(rank, num_ranks)
@@ -158,8 +174,12 @@ def make_pipeline(
     arrays = load_arrays(name, seed)
     source: ExampleSource
     shard_directory: Path | None = None
+    if rank_batch_sizes is not None and data_dir is not None:
+        raise ValueError(
+            "per-rank batch sizes (--balance speed) need the in-memory dataset; drop --data-dir"
+        )
     if data_dir is None:
-        source = InMemorySource(arrays, rank, num_ranks)
+        source = InMemorySource(arrays, rank, num_ranks, shares=rank_batch_sizes)
     else:
         tfrecord_source = TFRecordSource(arrays, Path(data_dir), seed, rank, num_ranks)
         source, shard_directory = tfrecord_source, tfrecord_source.directory
@@ -170,4 +190,5 @@ def make_pipeline(
         pixel_max=arrays.pixel_max,
         input_delay_ms=float(input_delay_ms),
         data_dir=shard_directory,
+        rank_batch_sizes=rank_batch_sizes,
     )

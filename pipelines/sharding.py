@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,6 +22,23 @@ def require_rank(rank: int, num_ranks: int) -> None:
 def strided_indices(num_examples: int, part: int, num_parts: int) -> np.ndarray:
     """The examples ``i`` with ``i % num_parts == part``, ascending (one rank's or file's share)."""
     return np.arange(part, num_examples, num_parts, dtype=np.int64)
+
+
+def proportional_indices(num_examples: int, part: int, shares: Sequence[int]) -> np.ndarray:
+    """The examples of ``part`` when ``num_examples`` are split in proportion to ``shares``.
+
+    Within every run of ``sum(shares)`` consecutive examples, part ``i`` owns ``shares[i]``
+    of them, after the parts before it; with per-rank batch sizes as ``shares`` every rank
+    owns enough examples for the same number of steps. Ascending.
+    """
+    if not shares or any(not isinstance(share, int) or share < 1 for share in shares):
+        raise ValueError(f"shares must be whole numbers >= 1, got {list(shares)!r}")
+    if not 0 <= part < len(shares):
+        raise ValueError(f"part must be in [0, {len(shares)}), got {part!r}")
+    period = sum(shares)
+    start = sum(shares[:part])
+    offsets = np.arange(num_examples, dtype=np.int64) % period
+    return np.flatnonzero((offsets >= start) & (offsets < start + shares[part])).astype(np.int64)
 
 
 def epoch_order(seed: int, epoch: int, num_examples: int) -> np.ndarray:

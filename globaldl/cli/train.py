@@ -9,6 +9,7 @@ import typer
 
 from globaldl.cli.errors import user_errors
 from globaldl.settings import (
+    BALANCE_NAMES,
     DATASET_NAMES,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
@@ -57,6 +58,7 @@ def train(
     metrics_certfile: Annotated[Path | None, typer.Option(help="TLS certificate for the metrics endpoint.")] = None,
     metrics_keyfile: Annotated[Path | None, typer.Option(help="TLS key for the metrics endpoint.")] = None,
     device: Annotated[str | None, typer.Option(help="Device name in metrics [default: host name].")] = None,
+    balance: Annotated[str | None, typer.Option(help=f"Work per device: {_choices(BALANCE_NAMES)}; speed = local batch in proportion to measured speed [default: equal].")] = None,
     elastic: Annotated[bool | None, typer.Option("--elastic/--no-elastic", help="Run under Horovod Elastic (horovodrun --min-np/--max-np/--host-discovery-script): devices may leave and join [default: off].")] = None,
     commit_every: Annotated[int | None, typer.Option(help="Elastic: commit the training state every K steps; a failure loses at most K steps [default: 20].")] = None,
     inject_nan_step: Annotated[int | None, typer.Option(help="Fault injection: make one rank's gradients NaN at this global step.")] = None,

@@ -1,0 +1,63 @@
+"""`--balance speed`: each device's local batch in proportion to its measured speed.
+
+With equal shares every device computes the same local batch, and a synchronous step lasts as
+long as the slowest device takes: on a fleet where some devices have a quarter of the CPU, the
+fast ones spend most of each step waiting. With `--balance speed`:
+
+1. Before training, every rank times its forward and backward pass on a few batches of its own
+   data, with no exchange (the network must not count), after one untimed warm-up batch.
+2. The ranks share their speeds (examples per second) and split the global batch
+   (local batch x ranks) in proportion: rank i gets b_i examples per step, at least 1
+   (`split_batch`). Its share of the data is proportional to b_i too, so every rank still
+   runs the same number of steps per epoch.
+3. Each rank multiplies its gradient (a mean over its b_i examples) by b_i x N / B, where B is
+   the global batch, before compression. The exchange averages over the N ranks, so the
+   update is sum_i b_i g_i / B: the mean gradient over all B examples of the step, exactly
+   what one device training on the whole global batch would compute.
+
+The wimpy-nodes paper (seeds.md, 004) weights each node's contribution by its run time
+relative to the others. Weighting equal batches by speed changes which examples count for how
+much; here the speed decides how MANY examples a device computes, and the weights (sample
+counts) keep every example's gradient at the same weight, so the update stays unbiased.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def split_batch(global_batch: int, speeds: Sequence[float]) -> tuple[int, ...]:
+    """Split `global_batch` examples across ranks in proportion to `speeds`, each at least 1.
+
+    Largest-remainder rounding: every rank gets floor(its exact share) (at least 1), then the
+    ranks with the largest fractional parts get one more until the total is `global_batch`.
+
+    >>> split_batch(64, [4.0, 4.0, 1.0, 1.0])
+    (26, 26, 6, 6)
+    """
+    count = len(speeds)
+    if count < 1:
+        raise ValueError("split_batch needs the speed of at least one rank")
+    if not all(math.isfinite(speed) and speed > 0 for speed in speeds):
+        raise ValueError(f"speeds must be finite and > 0 examples/s, got {list(speeds)!r}")
+    if global_batch < count:
+        raise ValueError(
+            f"a global batch of {global_batch} cannot give each of {count} ranks an example"
+        )
+    total = sum(speeds)
+    exact = [global_batch * speed / total for speed in speeds]
+    sizes = [max(1, math.floor(share)) for share in exact]
+    # Hand out what is left, largest fractional part first (ties: lower rank first)...
+    by_remainder = sorted(range(count), key=lambda i: (math.floor(exact[i]) - exact[i], i))
+    for index in by_remainder[: max(0, global_batch - sum(sizes))]:
+        sizes[index] += 1
+    # ...or, where the minimum of 1 overshot, take back from the largest shares.
+    while sum(sizes) > global_batch:
+        sizes[sizes.index(max(sizes))] -= 1
+    return tuple(sizes)
+
+
+def gradient_weight(batch_sizes: Sequence[int], rank: int) -> float:
+    """The factor on rank `rank`'s mean gradient that makes the ranks' average the true mean."""
+    return batch_sizes[rank] * len(batch_sizes) / sum(batch_sizes)
