@@ -344,6 +344,64 @@ def bottleneck(
     raise typer.Exit(code=_exit_code([report]))
 
 
+@app.command()
+def recovery(
+    quick: Quick = False,
+    profile: Annotated[str, typer.Option(help="Link profile of the 3 devices.")] = "lte",
+    repeats: Annotated[
+        int | None, typer.Option(help="Kill-and-revive runs [default: 2; quick: 1].")
+    ] = None,
+    cycle_time_ms: CycleTime = "auto",
+    out: Out = None,
+    dry_run: DryRun = False,
+    state_dir: StateDir = None,
+    prefix: Prefix = None,
+    subnet: Subnet = None,
+) -> None:
+    """Elastic recovery: seconds from a device's death to the next step, and from its return."""
+
+    def build() -> Experiment:
+        from globaldl.experiments import RecoveryExperiment
+
+        return RecoveryExperiment(
+            quick=quick,
+            cycle_time_ms=parse_cycle_time(cycle_time_ms),
+            profile=profile,
+            repeats=repeats,
+        )
+
+    report = _execute(
+        build, out=out, dry_run=dry_run, state_dir=state_dir, prefix=prefix, subnet=subnet
+    )
+    raise typer.Exit(code=_exit_code([report]))
+
+
+@app.command()
+def balance(
+    quick: Quick = False,
+    profile: Annotated[str, typer.Option(help="Link profile of the 4 devices.")] = "lte",
+    cycle_time_ms: CycleTime = "auto",
+    out: Out = None,
+    dry_run: DryRun = False,
+    state_dir: StateDir = None,
+    prefix: Prefix = None,
+    subnet: Subnet = None,
+) -> None:
+    """Mixed fleet (2 fast, 2 quarter-speed devices): equal shares vs --balance speed."""
+
+    def build() -> Experiment:
+        from globaldl.experiments import BalanceExperiment
+
+        return BalanceExperiment(
+            quick=quick, cycle_time_ms=parse_cycle_time(cycle_time_ms), profile=profile
+        )
+
+    report = _execute(
+        build, out=out, dry_run=dry_run, state_dir=state_dir, prefix=prefix, subnet=subnet
+    )
+    raise typer.Exit(code=_exit_code([report]))
+
+
 @app.command(name="all")
 def all_experiments(
     quick: Quick = False,
@@ -356,7 +414,7 @@ def all_experiments(
     prefix: Prefix = None,
     subnet: Subnet = None,
 ) -> None:
-    """Run devices, resources, ablation and bottleneck in turn; OUT/targets.md lists every goal."""
+    """Run every experiment in turn (devices ... balance); OUT/targets.md lists every goal."""
     from globaldl.experiments import EXPERIMENTS
 
     reports: list[ExperimentReport | None] = []
@@ -386,7 +444,10 @@ def all_experiments(
 
 @app.command()
 def report(
-    name: Annotated[str, typer.Argument(help="devices, resources, ablation or bottleneck.")],
+    name: Annotated[
+        str,
+        typer.Argument(help="devices, resources, ablation, bottleneck, recovery or balance."),
+    ],
     quick: Quick = False,
     out: Out = None,
 ) -> None:

@@ -87,6 +87,13 @@ def up(
     cpu: Annotated[
         float | None, typer.Option(help="CPU cores per device [default: machine cores / devices].")
     ] = None,
+    cpu_each: Annotated[
+        str | None,
+        typer.Option(
+            help="CPU cores of each device, comma-separated (e.g. 0.8,0.8,0.2,0.2: two fast, "
+            "two slow devices); instead of --cpu."
+        ),
+    ] = None,
     memory: Annotated[
         int | None,
         typer.Option(
@@ -132,6 +139,7 @@ def up(
             cpu_cores=cpu,
             memory_mb=memory,
             force=force,
+            cpu_cores_each=_cores_list(cpu_each) if cpu_each is not None else None,
         )
         # A `kill` during up must still roll back.
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -416,6 +424,20 @@ def run(
         typer.echo(f"no run summary at {result.summary_path}; no byte accounting")
     if result.returncode != 0:
         raise typer.Exit(code=result.returncode)
+
+
+def _cores_list(text: str) -> list[float]:
+    """`0.8,0.8,0.2` -> [0.8, 0.8, 0.2]; ValueError naming the bad entry."""
+    values = []
+    for item in text.split(","):
+        try:
+            values.append(float(item))
+        except ValueError:
+            raise ValueError(
+                f"--cpu-each takes numbers of cores separated by commas, e.g. 0.8,0.2; "
+                f"{item.strip()!r} is not a number"
+            ) from None
+    return values
 
 
 def _int_or_none(text: str | None) -> int | None:

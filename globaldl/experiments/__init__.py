@@ -6,6 +6,7 @@ from typing import Any
 
 from globaldl.experiments.ablation import AblationExperiment, Variant
 from globaldl.experiments.analysis import TargetCheck, time_to_target
+from globaldl.experiments.balance import BalanceExperiment
 from globaldl.experiments.bottleneck import BottleneckExperiment
 from globaldl.experiments.devices import DevicesExperiment, Schedule
 from globaldl.experiments.experiment import (
@@ -14,6 +15,7 @@ from globaldl.experiments.experiment import (
     run_experiment,
     write_outputs,
 )
+from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
 from globaldl.experiments.spec import FleetConfig, RunSpec, Workload
@@ -23,6 +25,8 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "resources": ResourcesExperiment,
     "ablation": AblationExperiment,
     "bottleneck": BottleneckExperiment,
+    "recovery": RecoveryExperiment,
+    "balance": BalanceExperiment,
 }
 
 
@@ -42,12 +46,14 @@ def get(identifier: str | Experiment, **options: Any) -> Experiment:
 __all__ = [
     "EXPERIMENTS",
     "AblationExperiment",
+    "BalanceExperiment",
     "BottleneckExperiment",
     "DevicesExperiment",
     "Experiment",
     "ExperimentReport",
     "ExperimentRunner",
     "FleetConfig",
+    "RecoveryExperiment",
     "ResourcesExperiment",
     "RunResult",
     "RunSpec",

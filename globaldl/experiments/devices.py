@@ -106,7 +106,7 @@ class DevicesExperiment(Experiment):
         default_schedules = (
             {LENET_MNIST.name: Schedule(2, 48), RESNET8_CIFAR.name: Schedule(1, 16)}
             if quick
-            else {LENET_MNIST.name: Schedule(8), RESNET8_CIFAR.name: Schedule(6, 128)}
+            else {LENET_MNIST.name: Schedule(5), RESNET8_CIFAR.name: Schedule(4, 128)}
         )
         self.schedules = {**default_schedules, **(schedules or {})}
         missing = [w.name for w in self.workloads if w.name not in self.schedules]

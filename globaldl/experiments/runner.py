@@ -15,10 +15,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +31,7 @@ from typing import Any
 from globaldl.experiments.analysis import mean_step_seconds, training_seconds
 from globaldl.experiments.cycle_time import auto_cycle_time_ms
 from globaldl.experiments.scrape import DeviceResources, ExporterScraper
-from globaldl.experiments.spec import FleetConfig, RunSpec, slug
+from globaldl.experiments.spec import Fault, FleetConfig, RunSpec, slug
 from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.plan import FleetPlan, plan_fleet
 from globaldl.fleet.profiles import (
@@ -70,6 +72,7 @@ class RunResult:
     summary: dict[str, Any] | None = None
     accounting: dict[str, Any] | None = None
     resources: dict[str, DeviceResources] = field(default_factory=dict)
+    faults: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -95,6 +98,7 @@ class RunResult:
             resources={
                 name: DeviceResources(**values) for name, values in data["resources"].items()
             },
+            faults=data.get("faults", []),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,6 +117,7 @@ class RunResult:
             "summary": self.summary,
             "accounting": self.accounting,
             "resources": {name: r.to_dict() for name, r in self.resources.items()},
+            "faults": self.faults,
         }
 
 
@@ -205,8 +210,9 @@ class ExperimentRunner:
             device_profiles(self.profiles, devices=fleet.devices, profile=fleet.profile),
             prefix=self.prefix,
             subnet=self.subnet,
-            cpu_cores=fleet.cpu_cores_per_device,
+            cpu_cores=fleet.cpu_cores_per_device if fleet.cpu_cores_each is None else None,
             memory_mb=fleet.memory_mb,
+            cpu_cores_each=fleet.cpu_cores_each,
         )
 
     def cycle_time_ms(self, spec: RunSpec) -> float:
@@ -293,7 +299,7 @@ class ExperimentRunner:
         if spec.scrape_metrics:
             # Prometheus file-SD targets of the run go into the run's folder, not runs/.
             argv += ["--prometheus-dir", str(run_dir / "prometheus")]
-        argv += ["--", *train_args]
+        argv += [*spec.fleet_run_args, "--", *train_args]
         result = RunResult(
             spec=spec,
             status="running",
@@ -320,7 +326,8 @@ class ExperimentRunner:
             )
         started_wall = time.time()
         started = time.monotonic()
-        with (run_dir / "fleet-run.log").open("wb") as log:
+        log_path = run_dir / "fleet-run.log"
+        with log_path.open("wb") as log:
             # Its own session: a Ctrl-C reaches only this process, which then asks `fleet run`
             # once to stop (a second SIGINT could cut short its clean-up of horovodrun).
             process = subprocess.Popen(
@@ -328,11 +335,17 @@ class ExperimentRunner:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_worker_environment(cycle_time_ms),
+                env={**_worker_environment(cycle_time_ms), **spec.env},
                 start_new_session=True,
             )
             if scraper is not None:
                 scraper.start()
+            faults = None
+            if spec.faults:
+                faults = FaultInjector(
+                    spec.faults, log_path, Fleet(self.state_dir), self.prefix, process
+                )
+                faults.start()
             try:
                 returncode = process.wait(timeout=spec.timeout_seconds + STOP_GRACE_SECONDS)
                 result.status = "ok" if returncode == 0 else f"failed (exit {returncode})"
@@ -345,6 +358,8 @@ class ExperimentRunner:
             finally:
                 if scraper is not None:
                     scraper.stop()
+                if faults is not None:
+                    result.faults = faults.stop()
         result.run_seconds = time.monotonic() - started
         if summary_path.exists() and summary_path.stat().st_mtime >= started_wall:
             result.summary = json.loads(summary_path.read_text())
@@ -360,6 +375,63 @@ class ExperimentRunner:
                     result.resources[name] = resources
         _write_json(run_dir / "result.json", result.to_dict())
         return result
+
+
+class FaultInjector:
+    """Kills and revives devices during a run when its output reaches the faults' triggers."""
+
+    POLL_SECONDS = 0.2
+
+    def __init__(
+        self,
+        faults: Sequence[Fault],
+        log_path: Path,
+        fleet: Fleet,
+        prefix: str,
+        process: subprocess.Popen[bytes],
+    ) -> None:
+        self.faults = list(faults)
+        self.log_path = log_path
+        self.fleet = fleet
+        self.prefix = prefix
+        self.process = process
+        self.done: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
+
+    def start(self) -> None:
+        """Watch the run's output in the background."""
+        self._thread.start()
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Stop watching; return what was done: action, device, and unix times."""
+        self._stop.set()
+        self._thread.join(timeout=120)
+        return self.done
+
+    def _run(self) -> None:
+        position = 0
+        for fault in self.faults:
+            pattern = re.compile(fault.after_line)
+            while True:
+                if self._stop.is_set() or self.process.poll() is not None:
+                    return
+                text = self.log_path.read_bytes()[position:].decode(errors="replace")
+                match = pattern.search(text)
+                if match:
+                    position += len(text[: match.end()].encode())
+                    break
+                time.sleep(self.POLL_SECONDS)
+            if self._stop.wait(fault.delay_seconds):
+                return
+            name = f"{self.prefix}-{fault.device}"
+            record: dict[str, Any] = {"action": fault.action, "device": name, "at": time.time()}
+            try:
+                getattr(self.fleet, fault.action)(name)
+            except Exception as error:  # recorded; the run's own outcome tells the rest
+                record["error"] = str(error)
+            record["done_at"] = time.time()
+            self.done.append(record)
 
 
 def load_results(out_dir: Path, specs: Sequence[RunSpec]) -> list[RunResult]:

@@ -31,8 +31,15 @@ class FleetConfig:
     profile: str
     cpu_cores_per_device: float
     memory_mb: int | None = None
+    cpu_cores_each: tuple[float, ...] | None = None  # one per device; overrides the above
 
     def __post_init__(self) -> None:
+        if self.cpu_cores_each is not None:
+            object.__setattr__(self, "cpu_cores_each", tuple(self.cpu_cores_each))
+            if len(self.cpu_cores_each) != self.devices:
+                raise ValueError(
+                    f"cpu_cores_each needs {self.devices} values, got {self.cpu_cores_each!r}"
+                )
         if isinstance(self.devices, bool) or not isinstance(self.devices, int) or self.devices < 1:
             raise ValueError(f"devices must be a whole number >= 1, got {self.devices!r}")
         if not self.profile:
@@ -43,6 +50,8 @@ class FleetConfig:
     @property
     def cpu_cores_total(self) -> float:
         """CPU cores of the whole fleet."""
+        if self.cpu_cores_each is not None:
+            return sum(self.cpu_cores_each)
         return self.devices * self.cpu_cores_per_device
 
     def up_command(self, *, prefix: str, subnet: str, state_dir: str) -> str:
@@ -51,7 +60,11 @@ class FleetConfig:
             "globaldl fleet up",
             f"-n {self.devices}",
             f"--profile {self.profile}",
-            f"--cpu {self.cpu_cores_per_device:g}",
+            (
+                f"--cpu {self.cpu_cores_per_device:g}"
+                if self.cpu_cores_each is None
+                else "--cpu-each " + ",".join(f"{value:g}" for value in self.cpu_cores_each)
+            ),
         ]
         if self.memory_mb is not None:
             parts.append(f"--memory {self.memory_mb}")
@@ -65,7 +78,33 @@ class FleetConfig:
             "profile": self.profile,
             "cpu_cores_per_device": self.cpu_cores_per_device,
             "memory_mb": self.memory_mb,
+            "cpu_cores_each": list(self.cpu_cores_each) if self.cpu_cores_each else None,
         }
+
+
+FAULT_ACTIONS: tuple[str, ...] = ("kill", "revive")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Something done to one device while a run goes on: `globaldl fleet kill` or `revive`.
+
+    It fires `delay_seconds` after the first line of the run's output (read in order, after
+    the previous fault's trigger) that matches the regex `after_line`.
+    """
+
+    action: str
+    device: int  # 1-based: device PREFIX-<device> of the fleet
+    after_line: str
+    delay_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.action not in FAULT_ACTIONS:
+            raise ValueError(f"fault action {self.action!r} is not one of: kill, revive")
+        if isinstance(self.device, bool) or not isinstance(self.device, int) or self.device < 1:
+            raise ValueError(f"fault device must be a device number >= 1, got {self.device!r}")
+        if not self.delay_seconds >= 0:
+            raise ValueError(f"fault delay must be >= 0 s, got {self.delay_seconds!r}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +122,9 @@ class RunSpec:
         cycle_time_ms: HOROVOD_CYCLE_TIME for this run; None picks it from the link.
         scrape_metrics: serve each worker's exporter and scrape it during the run.
         timeout_seconds: stop the run after this long.
+        fleet_run_args: extra `globaldl fleet run` options (e.g. `--elastic --min-np 2`).
+        env: extra environment of the workers (e.g. HOROVOD_GLOO_TIMEOUT_SECONDS).
+        faults: devices to kill or revive during the run, in order.
 
     """
 
@@ -94,8 +136,23 @@ class RunSpec:
     cycle_time_ms: float | None = None
     scrape_metrics: bool = False
     timeout_seconds: float = 3600.0
+    fleet_run_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    faults: tuple[Fault, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "fleet_run_args", tuple(self.fleet_run_args))
+        object.__setattr__(
+            self,
+            "faults",
+            tuple(f if isinstance(f, Fault) else Fault(**f) for f in self.faults),
+        )
+        for fault in self.faults:
+            if fault.device > self.fleet.devices:
+                raise ValueError(
+                    f"run {self.label}: fault on device {fault.device}, but the fleet has "
+                    f"{self.fleet.devices} devices"
+                )
         if slug(self.label) != self.label:
             raise ValueError(
                 f"run label {self.label!r} must use only letters, digits, '_', '.' and '-'; "
@@ -141,6 +198,9 @@ class RunSpec:
             "cycle_time_ms": self.cycle_time_ms,
             "scrape_metrics": self.scrape_metrics,
             "timeout_seconds": self.timeout_seconds,
+            "fleet_run_args": list(self.fleet_run_args),
+            "env": dict(self.env),
+            "faults": [dict(fault.__dict__) for fault in self.faults],
         }
 
 

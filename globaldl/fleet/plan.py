@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -66,12 +68,14 @@ def plan_fleet(
     cpu_cores: float | None = None,
     memory_mb: int | None = None,
     force: bool = False,
+    cpu_cores_each: Sequence[float] | None = None,
     available_cores: float | None = None,
     available_memory_bytes: int | None = None,
 ) -> FleetPlan:
     """Name and address one device per profile and give each a CPU and memory share.
 
-    By default the machine's cores and memory are split evenly (`--cpu` = cores / devices).
+    By default the machine's cores and memory are split evenly (`--cpu` = cores / devices);
+    `cpu_cores_each` gives every device its own share instead (a fleet of fast and slow devices).
     Promising more than the machine has is refused unless `force` is set.
     """
     count = len(profiles)
@@ -99,17 +103,29 @@ def plan_fleet(
     memory_total_bytes = (
         available_memory_bytes if available_memory_bytes is not None else machine_memory_bytes()
     )
-    per_device_cores = cpu_cores if cpu_cores is not None else cores / count
+    if cpu_cores_each is not None:
+        if cpu_cores is not None:
+            raise ValueError(
+                "give --cpu (one share for all) or --cpu-each (one per device), not both"
+            )
+        if len(cpu_cores_each) != count:
+            raise ValueError(
+                f"--cpu-each needs one value per device ({count}), got {len(cpu_cores_each)}: "
+                f"{','.join(f'{value:g}' for value in cpu_cores_each)}"
+            )
+        device_cores = [float(value) for value in cpu_cores_each]
+    else:
+        device_cores = [cpu_cores if cpu_cores is not None else cores / count] * count
     min_cores = MIN_CPU_QUOTA_MICROSECONDS / CPU_PERIOD_MICROSECONDS
-    if not per_device_cores >= min_cores:
+    if not min(device_cores) >= min_cores:
         raise ValueError(
-            f"--cpu must be at least {min_cores} core per device, got {per_device_cores:g}"
+            f"--cpu must be at least {min_cores} core per device, got {min(device_cores):g}"
         )
-    if per_device_cores * count > cores + 1e-9 and not force:
+    if sum(device_cores) > cores + 1e-9 and not force:
         raise ValueError(
-            f"{count} devices x {per_device_cores:g} cores = {per_device_cores * count:g} cores, "
-            f"more than this machine's {cores:g}; lower --cpu (default {cores:g}/devices), use "
-            "fewer devices, or pass --force to oversubscribe"
+            f"{count} devices with {'+'.join(f'{value:g}' for value in device_cores)} = "
+            f"{sum(device_cores):g} cores is more than this machine's {cores:g}; lower --cpu "
+            f"(default {cores:g}/devices), use fewer devices, or pass --force to oversubscribe"
         )
     if memory_mb is None:
         memory_mb = min(DEFAULT_MEMORY_MB, memory_total_bytes // (count * 1024 * 1024))
@@ -130,7 +146,7 @@ def plan_fleet(
             address=str(hosts[index]),
             host_interface=f"{prefix}-{index}-h",
             profile=profile,
-            cpu_cores=per_device_cores,
+            cpu_cores=device_cores[index - 1],
             memory_bytes=memory_bytes,
         )
         for index, profile in enumerate(profiles, start=1)

@@ -118,7 +118,7 @@ def test_parsers_accept_auto_and_lists_and_name_bad_values() -> None:
         parse_int_list("--device-counts", "0,2")
 
 
-def test_all_dry_run_prints_the_four_plans() -> None:
+def test_all_dry_run_prints_every_plan() -> None:
     result = runner.invoke(app, ["all", "--quick", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert re.findall(r"^(\w+): (\d+) runs$", result.output, flags=re.MULTILINE) == [
@@ -126,4 +126,6 @@ def test_all_dry_run_prints_the_four_plans() -> None:
         ("resources", "4"),
         ("ablation", "5"),
         ("bottleneck", "4"),
+        ("recovery", "2"),
+        ("balance", "2"),
     ]

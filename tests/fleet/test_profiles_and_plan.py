@@ -121,7 +121,7 @@ def test_default_cpu_splits_the_machine_evenly(profiles):
 
 def test_cpu_total_above_the_machine_is_refused_unless_forced(profiles):
     with pytest.raises(
-        ValueError, match=r"4 devices x 1 cores = 4 cores, more than this machine's 2.*--force"
+        ValueError, match=r"4 devices with 1\+1\+1\+1 = 4 cores is more than this machine's 2.*--force"
     ):
         plan_fleet(
             [profiles["lte"]] * 4, cpu_cores=1, available_cores=2, available_memory_bytes=16 * GIB
@@ -134,6 +134,20 @@ def test_cpu_total_above_the_machine_is_refused_unless_forced(profiles):
         available_memory_bytes=16 * GIB,
     )
     assert forced.total_cpu_cores == 4
+
+
+def test_each_device_can_have_its_own_cpu_share(profiles):
+    plan = plan_fleet(
+        [profiles["lte"]] * 4,
+        cpu_cores_each=[0.8, 0.8, 0.2, 0.2],
+        available_cores=2,
+        available_memory_bytes=16 * GIB,
+    )
+    assert [device.cpu_cores for device in plan.devices] == [0.8, 0.8, 0.2, 0.2]
+    with pytest.raises(ValueError, match=r"one value per device \(4\), got 3: 0.8,0.8,0.2"):
+        plan_fleet([profiles["lte"]] * 4, cpu_cores_each=[0.8, 0.8, 0.2], available_cores=2)
+    with pytest.raises(ValueError, match="not both"):
+        plan_fleet([profiles["lte"]] * 2, cpu_cores=0.5, cpu_cores_each=[0.5, 0.5])
 
 
 def test_memory_total_above_the_machine_is_refused(profiles):
