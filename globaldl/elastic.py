@@ -285,6 +285,7 @@ class _ElasticLoop:
             run_id=str(state.run_id),
             certfile=str(settings.metrics_certfile) if settings.metrics_certfile else None,
             keyfile=str(settings.metrics_keyfile) if settings.metrics_keyfile else None,
+            basic_auth=settings.metrics_basic_auth(),
         )
 
     def __call__(self, state: ElasticState) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class TrainSettings:
     metrics_addr: str = "127.0.0.1"
     metrics_certfile: Path | None = None
     metrics_keyfile: Path | None = None
+    metrics_basic_auth_file: Path | None = None
     device: str | None = None
     # Work per device: equal local batches, or in proportion to measured speed.
     balance: str = "equal"
@@ -119,6 +120,7 @@ class TrainSettings:
             )
         if (self.metrics_certfile is None) != (self.metrics_keyfile is None):
             raise SettingsError("metrics_certfile and metrics_keyfile must be given together")
+        self.metrics_basic_auth()  # a bad credentials file fails now, not on the first scrape
         if self.inject_nan_step is not None:
             _check_at_least("inject_nan_step", self.inject_nan_step, 0)
         _check_at_least("inject_nan_rank", self.inject_nan_rank, 0)
@@ -130,8 +132,7 @@ class TrainSettings:
             )
         if self.balance == "speed" and self.data_dir is not None:
             raise SettingsError(
-                "balance 'speed' needs the in-memory dataset (shards sized by speed); "
-                "drop data_dir"
+                "balance 'speed' needs the in-memory dataset (shards sized by speed); drop data_dir"
             )
         if self.elastic and self.resume:
             raise SettingsError(
@@ -145,6 +146,29 @@ class TrainSettings:
             )
         if self.resume and self.checkpoint_dir is None:
             raise SettingsError("resume needs checkpoint_dir: there is nowhere to resume from")
+
+    def metrics_basic_auth(self) -> tuple[str, str] | None:
+        """(user, password) from `metrics_basic_auth_file` (one line `user:password`), or None.
+
+        Kept in a file, not a flag, so the password shows in no process list. Raises
+        SettingsError naming the file when it cannot be read or holds no `user:password`.
+        """
+        if self.metrics_basic_auth_file is None:
+            return None
+        path = Path(self.metrics_basic_auth_file)
+        try:
+            line = path.read_text().strip()
+        except OSError as error:
+            raise SettingsError(
+                f"cannot read metrics_basic_auth_file {path}: {error.strerror}"
+            ) from None
+        user, separator, password = line.partition(":")
+        if not separator or not user or not password or "\n" in line:
+            raise SettingsError(
+                f"metrics_basic_auth_file {path} must hold one line `user:password` with "
+                "neither part empty"
+            )
+        return user, password
 
     def replace(self, **changes: Any) -> TrainSettings:
         """Return a copy with some fields changed (validated again)."""

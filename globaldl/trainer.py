@@ -579,6 +579,7 @@ def run(settings: TrainSettings) -> dict[str, Any]:
             run_id=str(settings.run_id),
             certfile=str(settings.metrics_certfile) if settings.metrics_certfile else None,
             keyfile=str(settings.metrics_keyfile) if settings.metrics_keyfile else None,
+            basic_auth=settings.metrics_basic_auth(),
         )
     try:
         result = trainer.fit(observer)

@@ -85,3 +85,16 @@ def test_name_lists_match_the_packages_they_mirror() -> None:
     assert settings_module.DATASET_NAMES == pipelines.DATASET_NAMES
     assert settings_module.PRUNE_NAMES == compression.PRUNE_NAMES
     assert settings_module.QUANTIZE_NAMES == compression.QUANTIZE_NAMES
+
+
+def test_metrics_basic_auth_comes_from_a_file_and_bad_files_are_named(tmp_path: Path) -> None:
+    credentials = tmp_path / "auth"
+    credentials.write_text("prometheus:s3cret:with-colon\n")
+    settings = TrainSettings(metrics_basic_auth_file=credentials)
+    assert settings.metrics_basic_auth() == ("prometheus", "s3cret:with-colon")
+    assert TrainSettings().metrics_basic_auth() is None
+    credentials.write_text("no-separator\n")
+    with pytest.raises(SettingsError, match=f"{credentials} must hold one line `user:password`"):
+        TrainSettings(metrics_basic_auth_file=credentials)
+    with pytest.raises(SettingsError, match="cannot read metrics_basic_auth_file .*missing"):
+        TrainSettings(metrics_basic_auth_file=tmp_path / "missing")

@@ -25,44 +25,154 @@ def _choices(names: tuple[object, ...]) -> str:
 
 
 def train(
-    config: Annotated[Path | None, typer.Option(help="YAML file of settings (flag > file > GLOBALDL_* env).")] = None,
-    model: Annotated[str | None, typer.Option(help=f"Model: {_choices(MODEL_NAMES)} [default: lenet].")] = None,
-    dataset: Annotated[str | None, typer.Option(help=f"Dataset: {_choices(DATASET_NAMES)} [default: mnist].")] = None,
-    depth: Annotated[int | None, typer.Option(help=f"ResNet depth: {_choices(RESNET_DEPTHS)} [default: 20].")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="YAML file of settings (flag > file > GLOBALDL_* env).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help=f"Model: {_choices(MODEL_NAMES)} [default: lenet].")
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help=f"Dataset: {_choices(DATASET_NAMES)} [default: mnist].")
+    ] = None,
+    depth: Annotated[
+        int | None, typer.Option(help=f"ResNet depth: {_choices(RESNET_DEPTHS)} [default: 20].")
+    ] = None,
     layers: Annotated[int | None, typer.Option(help="MLP hidden layers [default: 3].")] = None,
     width: Annotated[int | None, typer.Option(help="MLP layer width [default: 128].")] = None,
     epochs: Annotated[int | None, typer.Option(help="Epochs [default: 2].")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Batch size per rank [default: 16].")] = None,
-    max_steps_per_epoch: Annotated[int | None, typer.Option(help="Cap on steps per epoch (short runs).")] = None,
-    optimizer: Annotated[str | None, typer.Option(help=f"Optimizer: {_choices(OPTIMIZER_NAMES)} [default: sgd with momentum].")] = None,
-    learning_rate: Annotated[float | None, typer.Option(help="Learning rate for one rank [default: 0.01].")] = None,
-    momentum: Annotated[float | None, typer.Option(help="SGD momentum (DGC: momentum correction) [default: 0.9].")] = None,
-    scale_lr: Annotated[bool | None, typer.Option("--scale-lr/--no-scale-lr", help="Multiply the learning rate by the number of ranks [default: on].")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed for data order, initial weights and codecs [default: 0].")] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="Materialise the dataset as sharded TFRecords here and train from disk.")] = None,
-    input_delay_ms: Annotated[float | None, typer.Option(help="Deliberate delay per batch in the input pipeline, in ms (demonstrates an I/O bottleneck).")] = None,
-    checkpoint_dir: Annotated[Path | None, typer.Option(help="Write a checkpoint here after every epoch.")] = None,
-    resume: Annotated[bool | None, typer.Option("--resume/--no-resume", help="Resume from the newest good checkpoint in --checkpoint-dir.")] = None,
-    summary: Annotated[Path | None, typer.Option(help="Rank 0 writes the JSON run summary here (atomically).")] = None,
-    run_id: Annotated[str | None, typer.Option(help="Run id for metrics and summary [default: from rank 0's start time].")] = None,
-    prune: Annotated[str | None, typer.Option(help=f"Step 1, gradient pruning: {_choices(PRUNE_NAMES)} [default: none].")] = None,
-    density: Annotated[float | None, typer.Option(help="Fraction of gradient entries kept by pruning [default: 0.01].")] = None,
-    quantize: Annotated[str | None, typer.Option(help=f"Step 2, quantization: {_choices(QUANTIZE_NAMES)} [default: none].")] = None,
-    error_feedback: Annotated[bool | None, typer.Option("--error-feedback/--no-error-feedback", help="Carry what was not sent into the next step [default: on].")] = None,
-    block_size: Annotated[int | None, typer.Option(help="int8: values per scale [default: 256].")] = None,
-    qsgd_levels: Annotated[int | None, typer.Option(help="QSGD quantization levels [default: 16].")] = None,
-    weight_sparsity: Annotated[float | None, typer.Option(help="Final fraction of weights pruned to zero [default: 0].")] = None,
-    warmup_epochs: Annotated[int | None, typer.Option(help="DGC: epochs over which density ramps down [default: 0].")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port + local rank.")] = None,
-    metrics_addr: Annotated[str | None, typer.Option(help="Address the metrics endpoint binds to [default: 127.0.0.1].")] = None,
-    metrics_certfile: Annotated[Path | None, typer.Option(help="TLS certificate for the metrics endpoint.")] = None,
-    metrics_keyfile: Annotated[Path | None, typer.Option(help="TLS key for the metrics endpoint.")] = None,
-    device: Annotated[str | None, typer.Option(help="Device name in metrics [default: host name].")] = None,
-    balance: Annotated[str | None, typer.Option(help=f"Work per device: {_choices(BALANCE_NAMES)}; speed = local batch in proportion to measured speed [default: equal].")] = None,
-    elastic: Annotated[bool | None, typer.Option("--elastic/--no-elastic", help="Run under Horovod Elastic (horovodrun --min-np/--max-np/--host-discovery-script): devices may leave and join [default: off].")] = None,
-    commit_every: Annotated[int | None, typer.Option(help="Elastic: commit the training state every K steps; a failure loses at most K steps [default: 20].")] = None,
-    inject_nan_step: Annotated[int | None, typer.Option(help="Fault injection: make one rank's gradients NaN at this global step.")] = None,
-    inject_nan_rank: Annotated[int | None, typer.Option(help="Fault injection: the rank whose gradients turn NaN [default: 0].")] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Batch size per rank [default: 16].")
+    ] = None,
+    max_steps_per_epoch: Annotated[
+        int | None, typer.Option(help="Cap on steps per epoch (short runs).")
+    ] = None,
+    optimizer: Annotated[
+        str | None,
+        typer.Option(help=f"Optimizer: {_choices(OPTIMIZER_NAMES)} [default: sgd with momentum]."),
+    ] = None,
+    learning_rate: Annotated[
+        float | None, typer.Option(help="Learning rate for one rank [default: 0.01].")
+    ] = None,
+    momentum: Annotated[
+        float | None, typer.Option(help="SGD momentum (DGC: momentum correction) [default: 0.9].")
+    ] = None,
+    scale_lr: Annotated[
+        bool | None,
+        typer.Option(
+            "--scale-lr/--no-scale-lr",
+            help="Multiply the learning rate by the number of ranks [default: on].",
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed for data order, initial weights and codecs [default: 0]."),
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Materialise the dataset as sharded TFRecords here and train from disk."),
+    ] = None,
+    input_delay_ms: Annotated[
+        float | None,
+        typer.Option(
+            help="Deliberate delay per batch in the input pipeline, in ms (demonstrates an I/O bottleneck)."
+        ),
+    ] = None,
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option(help="Write a checkpoint here after every epoch.")
+    ] = None,
+    resume: Annotated[
+        bool | None,
+        typer.Option(
+            "--resume/--no-resume",
+            help="Resume from the newest good checkpoint in --checkpoint-dir.",
+        ),
+    ] = None,
+    summary: Annotated[
+        Path | None, typer.Option(help="Rank 0 writes the JSON run summary here (atomically).")
+    ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(help="Run id for metrics and summary [default: from rank 0's start time]."),
+    ] = None,
+    prune: Annotated[
+        str | None,
+        typer.Option(help=f"Step 1, gradient pruning: {_choices(PRUNE_NAMES)} [default: none]."),
+    ] = None,
+    density: Annotated[
+        float | None,
+        typer.Option(help="Fraction of gradient entries kept by pruning [default: 0.01]."),
+    ] = None,
+    quantize: Annotated[
+        str | None,
+        typer.Option(help=f"Step 2, quantization: {_choices(QUANTIZE_NAMES)} [default: none]."),
+    ] = None,
+    error_feedback: Annotated[
+        bool | None,
+        typer.Option(
+            "--error-feedback/--no-error-feedback",
+            help="Carry what was not sent into the next step [default: on].",
+        ),
+    ] = None,
+    block_size: Annotated[
+        int | None, typer.Option(help="int8: values per scale [default: 256].")
+    ] = None,
+    qsgd_levels: Annotated[
+        int | None, typer.Option(help="QSGD quantization levels [default: 16].")
+    ] = None,
+    weight_sparsity: Annotated[
+        float | None, typer.Option(help="Final fraction of weights pruned to zero [default: 0].")
+    ] = None,
+    warmup_epochs: Annotated[
+        int | None, typer.Option(help="DGC: epochs over which density ramps down [default: 0].")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on this port + local rank.")
+    ] = None,
+    metrics_addr: Annotated[
+        str | None, typer.Option(help="Address the metrics endpoint binds to [default: 127.0.0.1].")
+    ] = None,
+    metrics_certfile: Annotated[
+        Path | None, typer.Option(help="TLS certificate for the metrics endpoint.")
+    ] = None,
+    metrics_keyfile: Annotated[
+        Path | None, typer.Option(help="TLS key for the metrics endpoint.")
+    ] = None,
+    metrics_basic_auth_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="File with one line user:password; the metrics endpoint then requires HTTP basic auth."
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="Device name in metrics [default: host name].")
+    ] = None,
+    balance: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Work per device: {_choices(BALANCE_NAMES)}; speed = local batch in proportion to measured speed [default: equal]."
+        ),
+    ] = None,
+    elastic: Annotated[
+        bool | None,
+        typer.Option(
+            "--elastic/--no-elastic",
+            help="Run under Horovod Elastic (horovodrun --min-np/--max-np/--host-discovery-script): devices may leave and join [default: off].",
+        ),
+    ] = None,
+    commit_every: Annotated[
+        int | None,
+        typer.Option(
+            help="Elastic: commit the training state every K steps; a failure loses at most K steps [default: 20]."
+        ),
+    ] = None,
+    inject_nan_step: Annotated[
+        int | None,
+        typer.Option(help="Fault injection: make one rank's gradients NaN at this global step."),
+    ] = None,
+    inject_nan_rank: Annotated[
+        int | None,
+        typer.Option(help="Fault injection: the rank whose gradients turn NaN [default: 0]."),
+    ] = None,
 ) -> None:
     """Train a model; run it alone, or under horovodrun on many devices with no change."""
     flags = dict(locals())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,12 +15,15 @@ from pathlib import Path
 
 from globaldl.fleet.accounting import ByteAccounting, account_bytes
 from globaldl.fleet.fleet import Fleet, read_interface_counters
+from globaldl.fleet.sshd import SSH_PORT
 from globaldl.fleet.state import DeviceState
 from globaldl.fleet.system import write_atomically
 
 BIN = Path(sys.executable).parent
 DEFAULT_RUNS_DIR = Path("runs/fleet")
 DEFAULT_START_TIMEOUT_SECONDS = 60
+# How long `fleet run` waits for each device's sshd to answer before it refuses to launch.
+REACH_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,31 @@ def horovodrun_argv(
     return argv + worker_argv
 
 
+class UnreachableDeviceError(ConnectionError):
+    """A live device's sshd did not answer within the bounded wait."""
+
+
+def check_reachable(
+    devices: list[DeviceState], timeout_seconds: float = REACH_TIMEOUT_SECONDS
+) -> None:
+    """Open a TCP connection to every device's sshd, waiting at most `timeout_seconds` each.
+
+    horovodrun's own ssh check waits as long as TCP retries (minutes) for a device whose link
+    is down; this fails first, naming the device. Raises UnreachableDeviceError.
+    """
+    for device in devices:
+        try:
+            with socket.create_connection((device.address, SSH_PORT), timeout=timeout_seconds):
+                pass
+        except OSError as error:
+            reason = "no answer" if isinstance(error, TimeoutError) else str(error)
+            raise UnreachableDeviceError(
+                f"device {device.name} ({device.address}) is unreachable: {reason} from its "
+                f"sshd within {timeout_seconds:g} s; check its link (`globaldl fleet status`), "
+                "take it out with `globaldl fleet kill` or bring it back with `fleet revive`"
+            ) from None
+
+
 def option_value(args: list[str], option: str) -> str | None:
     """The value of `--option X` or `--option=X` in a command line, or None."""
     for index, arg in enumerate(args):
@@ -188,6 +217,7 @@ def run_on_fleet(
     """
     state = fleet.require_state()
     devices = fleet.live_devices()
+    check_reachable(devices)
     argv = horovodrun_argv(
         devices,
         Path(state.identity_file),

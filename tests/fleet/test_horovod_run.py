@@ -224,3 +224,22 @@ def test_fleet_train_run_interface_bytes_agree_with_summary(test_fleet, tmp_path
         f"beyond the gradients {accounting['extra_tx_bytes_per_second'] / 1000:.1f} kB/s over "
         f"{accounting['run_seconds']:.1f} s"
     )
+
+
+def test_unreachable_device_fails_fleet_run_within_the_stated_wait(test_fleet):
+    """A device whose link went down without `fleet kill`: a clear error, not a hang."""
+    test_fleet.up("-n", "2", "--profile", "custom:10:10", "--cpu", "0.25")
+    subprocess.run(
+        ["ip", "netns", "exec", test_fleet.device(2), "ip", "link", "set", "eth0", "down"],
+        check=True,
+        timeout=30,
+    )
+    started = time.monotonic()
+    run = test_fleet.cli("run", "--exec", "--", "hostname")
+    waited = time.monotonic() - started
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert (
+        f"device {test_fleet.device(2)} ({test_fleet.address(2)}) is unreachable" in run.stderr
+        and "within 5 s" in run.stderr
+    ), run.stderr
+    assert waited < 60, waited

@@ -146,3 +146,18 @@ def test_elastic_below_min_np_stops_within_the_elastic_timeout(
     # Gloo's timeout (10 s) to notice, the elastic timeout (10 s) to give up, and shutdown.
     assert waited < 90, waited
     assert not launch.summary_path.exists()
+
+
+def test_elastic_bad_discovery_output_fails_at_once_with_the_bad_line(
+    tmp_path: Path, venv_bin: Path, worker_env: dict[str, str]
+) -> None:
+    launch = ElasticLaunch(
+        tmp_path, TRAIN, _env(worker_env), ["localhost:two"], np=2, min_np=1, max_np=2
+    )
+    started = time.monotonic()
+    code = launch.finish(timeout_seconds=120)
+    assert code != 0
+    assert time.monotonic() - started < 60
+    # Horovod's own message (a ValueError naming 'two'), printed while threads interleave.
+    assert "two" in launch.output, launch.output[-3000:]
+    assert not launch.summary_path.exists()
