@@ -48,6 +48,12 @@ Known failure modes of Horovod Elastic, and what guards against each:
 - A new worker hanging in its first broadcast: a worker must not run a collective before the
   elastic loop's first synchronisation. Building a `Trainer` runs none, and the run id travels
   in the synchronised state.
+- A joining worker that starts slower than HOROVOD_GLOO_TIMEOUT_SECONDS (Horovod's default
+  30 s): the re-formed ring's rendezvous gives up waiting for it and every worker aborts
+  (measured on the fleet: at 10 s a revived 0.5-core device, which needs ~20 s to import
+  TensorFlow, took the whole run down). The same timeout is how long survivors wait for a
+  device that vanished silently, so it trades detection time against slow joiners; keep it
+  above the slowest device's start-up.
 - State restored at different steps on different ranks: after a failure each survivor rolls
   back to its own last commit, which can differ if the failure struck during a commit; the
   synchronisation that follows overwrites every worker's shared state with rank 0's, so all

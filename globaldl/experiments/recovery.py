@@ -8,8 +8,9 @@ the change and when its next step completed; with the fault times recorded by th
 
 * death -> next step: from the kill to the survivors' first completed step after the reset.
   The survivors notice a device that vanished without closing its connections only when
-  Gloo's wait for it times out (HOROVOD_GLOO_TIMEOUT_SECONDS, set to 10 s here; Horovod's
-  default is 30 s), so that timeout is most of it.
+  Gloo's wait for it times out (HOROVOD_GLOO_TIMEOUT_SECONDS, 45 s here; Horovod's default is
+  30 s), so that timeout is most of it. The same timeout bounds the wait for a joining worker
+  to reach the rendezvous, so it cannot be shorter than a worker's start-up.
 * join -> first step: from the revive (device up and reachable again) to the first step of
   the re-formed ring with the new device, which must start Python and TensorFlow first.
 
@@ -35,7 +36,10 @@ from globaldl.experiments.spec import (
     slug,
 )
 
-GLOO_TIMEOUT_SECONDS = 10
+# Bounds both how long survivors wait for a silent peer and how long a re-forming ring waits
+# for a joining worker, which must first start Python and TensorFlow on its small CPU share
+# (~20 s at 0.5 core; at 10 s the ring gave up on the revived device and every worker aborted).
+GLOO_TIMEOUT_SECONDS = 45
 COMMIT_EVERY = 10
 COMPRESSION = "prune+quantize"
 

@@ -22,7 +22,7 @@ def test_recovery_plan_runs_elastic_with_a_kill_and_a_revive_on_device_3() -> No
     for spec in specs:
         assert spec.fleet.devices == 3
         assert spec.fleet_run_args[:3] == ("--elastic", "--min-np", "2")
-        assert spec.env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "10"
+        assert spec.env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "45"
     assert specs[0].faults == ()
     assert [(f.action, f.device) for f in specs[1].faults] == [("kill", 3), ("revive", 3)]
     again = RunSpec.from_config(specs[1].get_config())
