@@ -72,7 +72,7 @@ import numpy as np
 import tensorflow as tf
 
 from globaldl import summary
-from globaldl.monitoring import NullObserver, TrainingObserver, start_exporter
+from globaldl.monitoring import NullObserver, TrainingObserver
 from globaldl.settings import TrainSettings
 from globaldl.trainer import EpochResult, RunTotals, Trainer, optimizer_variables
 
@@ -280,19 +280,8 @@ class _ElasticLoop:
 
     def _start_exporter(self, state: ElasticState) -> None:
         """Serve metrics once the run id is known (labels use the rank at that time)."""
-        settings, trainer = self.settings, state.trainer
-        if settings.metrics_port is None or not isinstance(self.observer, NullObserver):
-            return
-        self.observer = start_exporter(
-            port=settings.metrics_port + trainer.exchange.local_rank,
-            addr=settings.metrics_addr,
-            rank=trainer.rank,
-            device=trainer.device,
-            run_id=str(state.run_id),
-            certfile=str(settings.metrics_certfile) if settings.metrics_certfile else None,
-            keyfile=str(settings.metrics_keyfile) if settings.metrics_keyfile else None,
-            basic_auth=settings.metrics_basic_auth(),
-        )
+        if isinstance(self.observer, NullObserver):
+            self.observer = state.trainer.start_metrics(str(state.run_id))
 
     def __call__(self, state: ElasticState) -> dict[str, Any]:
         return _collective_failures_as_horovod_errors(lambda: self._train(state))

@@ -7,8 +7,8 @@ cannot start before the previous one has finished, and each timestamp is taken e
 phase ends. The cost is six timestamp ops and a few identity ops per step, and the loss of overlap
 between phases (`globaldl bench timing`: 0.38 ms, 5.6%, on a 6.8 ms LeNet step), which on
 CPU-only devices the runtime could barely exploit anyway: gradients must exist before they are
-compressed, and the collective must finish before anything is applied. The step returns its six durations with
-the loss in one small tensor, the only per-step transfer to Python.
+compressed, and the collective must finish before anything is applied. The step returns its six
+durations with the loss in one small tensor, the only per-step transfer to Python.
 """
 
 from __future__ import annotations
@@ -483,6 +483,22 @@ class Trainer:
         result["weights_identical"] = len(set(digests)) == 1
         return result
 
+    def start_metrics(self, run_id: str) -> TrainingObserver:
+        """Start the worker's Prometheus exporter (port: base + local rank), or a NullObserver."""
+        settings = self.settings
+        if settings.metrics_port is None:
+            return NullObserver()
+        return start_exporter(
+            port=settings.metrics_port + self.exchange.local_rank,
+            addr=settings.metrics_addr,
+            rank=self.rank,
+            device=self.device,
+            run_id=run_id,
+            certfile=str(settings.metrics_certfile) if settings.metrics_certfile else None,
+            keyfile=str(settings.metrics_keyfile) if settings.metrics_keyfile else None,
+            basic_auth=settings.metrics_basic_auth(),
+        )
+
     def _weight_digests(self) -> list[str]:
         """SHA-256 of this rank's final weights, gathered from every rank in rank order."""
         digest = hashlib.sha256()
@@ -569,18 +585,7 @@ def run(settings: TrainSettings) -> dict[str, Any]:
         )
         run_id = time.strftime("run-%Y%m%d-%H%M%S", time.gmtime(int(started)))
         trainer.settings = settings = settings.replace(run_id=run_id)
-    observer: TrainingObserver = NullObserver()
-    if settings.metrics_port is not None:
-        observer = start_exporter(
-            port=settings.metrics_port + trainer.exchange.local_rank,
-            addr=settings.metrics_addr,
-            rank=trainer.rank,
-            device=trainer.device,
-            run_id=str(settings.run_id),
-            certfile=str(settings.metrics_certfile) if settings.metrics_certfile else None,
-            keyfile=str(settings.metrics_keyfile) if settings.metrics_keyfile else None,
-            basic_auth=settings.metrics_basic_auth(),
-        )
+    observer = trainer.start_metrics(str(settings.run_id))
     try:
         result = trainer.fit(observer)
     finally:
