@@ -39,8 +39,10 @@ from globaldl.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-# Batches timed per rank by `--balance speed` (after one warm-up batch).
+# What `--balance speed` times on every rank, after one warm-up batch: these batches, repeated
+# until this many seconds have passed (a CPU quota shows only over many 100 ms periods).
 BALANCE_PROBE_BATCHES = 8
+BALANCE_PROBE_SECONDS = 2.0
 # Layout of the vector one training step returns.
 _LOSS, _CORRECT, _WIRE_BYTES, _SKIPPED = range(len(PHASES), len(PHASES) + 4)
 
@@ -235,14 +237,18 @@ class Trainer:
             gradients = tape.gradient(loss, variables)
             return tf.add_n([tf.reduce_sum(g) for g in gradients if g is not None])
 
-        batches = iter(self.pipeline.train_batches(0))
-        forward_backward(*next(batches)).numpy()  # traced and warmed up, not timed
-        timed = [next(batches) for _ in range(BALANCE_PROBE_BATCHES)]
-        started = time.perf_counter()
-        for images, labels in timed:
+        batches = list(self.pipeline.train_batches(0).take(BALANCE_PROBE_BATCHES + 1))
+        forward_backward(*batches[0]).numpy()  # traced and warmed up, not timed
+        timed = batches[1:]
+        done, started = 0, time.perf_counter()
+        # Long enough to span many CPU-quota periods (a cgroup-limited device runs at full
+        # speed until its quota for the period is spent), and at least one pass over the batches.
+        while done < len(timed) or time.perf_counter() - started < BALANCE_PROBE_SECONDS:
+            images, labels = timed[done % len(timed)]
             forward_backward(images, labels).numpy()
+            done += 1
         seconds = time.perf_counter() - started
-        return BALANCE_PROBE_BATCHES * self.settings.batch_size / max(seconds, 1e-9)
+        return done * self.settings.batch_size / max(seconds, 1e-9)
 
     # ----------------------------------------------------------------- the step
     def _build_train_step(self) -> Callable[[Any], tf.Tensor]:

@@ -187,7 +187,7 @@ class BalanceExperiment(Experiment):
             f"4 devices on {self.profile}: devices 1-2 with {FAST_CORES} core, devices 3-4 with "
             f"{SLOW_CORES} core (`fleet up --cpu-each {FAST_CORES},{FAST_CORES},{SLOW_CORES},"
             f"{SLOW_CORES}`), {COMPRESSION}, local batch 16 (global 64). `--balance speed` "
-            "times 8 forward/backward batches on every device before training and splits the "
+            "times forward/backward passes for 2 s on every device before training and splits the "
             "global batch in proportion (the chosen batches are in `rank_batch_sizes`)."
         )
 
