@@ -38,6 +38,13 @@ CycleTime = Annotated[
         "coordination stays under 5% of it) or a number of milliseconds.",
     ),
 ]
+Only = Annotated[
+    str | None,
+    typer.Option(
+        help="Run only these runs (labels, comma-separated); the tables and plots also take "
+        "the other runs already in the results folder."
+    ),
+]
 DryRun = Annotated[
     bool, typer.Option("--dry-run", help="Print the plan (fleets, train commands); run nothing.")
 ]
@@ -121,8 +128,8 @@ def _runner(
     )
 
 
-def _print_plan(experiment: Experiment, runner: Any) -> None:
-    specs = experiment.plan()
+def _print_plan(experiment: Experiment, runner: Any, only: list[str] | None = None) -> None:
+    specs = [spec for spec in experiment.plan() if only is None or spec.label in only]
     runner.validate(specs)
     typer.echo(f"{experiment.name}: {len(specs)} runs")
     previous = None
@@ -161,6 +168,7 @@ def _execute(
     state_dir: Path | None,
     prefix: str | None,
     subnet: str | None,
+    only: list[str] | None = None,
 ) -> ExperimentReport | None:
     from globaldl.experiments import run_experiment
 
@@ -170,14 +178,16 @@ def _execute(
         experiment = build()
         runner = _runner(experiment.name, out, state_dir, prefix, subnet)
         if dry_run:
-            _print_plan(experiment, runner)
+            _print_plan(experiment, runner, only)
             return None
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         typer.echo(
             f"experiment {experiment.name}: {len(experiment.plan())} runs -> {runner.out_dir}"
         )
         try:
-            report = run_experiment(experiment, runner, runner.out_dir, command=_command_line())
+            report = run_experiment(
+                experiment, runner, runner.out_dir, command=_command_line(), only=only
+            )
         except KeyboardInterrupt:
             typer.echo(
                 f"experiment {experiment.name}: interrupted; finished runs written to "
@@ -187,6 +197,10 @@ def _execute(
             raise typer.Exit(code=130) from None
     _report(report)
     return report
+
+
+def _labels(text: str | None) -> list[str] | None:
+    return [part.strip() for part in text.split(",") if part.strip()] if text else None
 
 
 def _exit_code(reports: list[ExperimentReport | None]) -> int:
@@ -207,6 +221,7 @@ def devices(
     ] = 0.50,
     cycle_time_ms: CycleTime = "auto",
     out: Out = None,
+    only: Only = None,
     dry_run: DryRun = False,
     state_dir: StateDir = None,
     prefix: Prefix = None,
@@ -233,7 +248,13 @@ def devices(
         )
 
     report = _execute(
-        build, out=out, dry_run=dry_run, state_dir=state_dir, prefix=prefix, subnet=subnet
+        build,
+        out=out,
+        dry_run=dry_run,
+        state_dir=state_dir,
+        prefix=prefix,
+        subnet=subnet,
+        only=_labels(only),
     )
     raise typer.Exit(code=_exit_code([report]))
 
@@ -246,6 +267,7 @@ def resources(
     cpu: CpuCores = 0.5,
     cycle_time_ms: CycleTime = "auto",
     out: Out = None,
+    only: Only = None,
     dry_run: DryRun = False,
     state_dir: StateDir = None,
     prefix: Prefix = None,
@@ -265,7 +287,13 @@ def resources(
         )
 
     report = _execute(
-        build, out=out, dry_run=dry_run, state_dir=state_dir, prefix=prefix, subnet=subnet
+        build,
+        out=out,
+        dry_run=dry_run,
+        state_dir=state_dir,
+        prefix=prefix,
+        subnet=subnet,
+        only=_labels(only),
     )
     raise typer.Exit(code=_exit_code([report]))
 
@@ -278,6 +306,7 @@ def ablation(
     target: Annotated[float, typer.Option(help="Target val_accuracy (LeNet/MNIST).")] = 0.90,
     cycle_time_ms: CycleTime = "auto",
     out: Out = None,
+    only: Only = None,
     dry_run: DryRun = False,
     state_dir: StateDir = None,
     prefix: Prefix = None,
@@ -298,7 +327,13 @@ def ablation(
         )
 
     report = _execute(
-        build, out=out, dry_run=dry_run, state_dir=state_dir, prefix=prefix, subnet=subnet
+        build,
+        out=out,
+        dry_run=dry_run,
+        state_dir=state_dir,
+        prefix=prefix,
+        subnet=subnet,
+        only=_labels(only),
     )
     raise typer.Exit(code=_exit_code([report]))
 
@@ -317,6 +352,7 @@ def bottleneck(
     cpu: CpuCores = 0.5,
     cycle_time_ms: CycleTime = "auto",
     out: Out = None,
+    only: Only = None,
     dry_run: DryRun = False,
     state_dir: StateDir = None,
     prefix: Prefix = None,
@@ -339,7 +375,13 @@ def bottleneck(
         )
 
     report = _execute(
-        build, out=out, dry_run=dry_run, state_dir=state_dir, prefix=prefix, subnet=subnet
+        build,
+        out=out,
+        dry_run=dry_run,
+        state_dir=state_dir,
+        prefix=prefix,
+        subnet=subnet,
+        only=_labels(only),
     )
     raise typer.Exit(code=_exit_code([report]))
 
@@ -353,6 +395,7 @@ def recovery(
     ] = None,
     cycle_time_ms: CycleTime = "auto",
     out: Out = None,
+    only: Only = None,
     dry_run: DryRun = False,
     state_dir: StateDir = None,
     prefix: Prefix = None,
@@ -371,7 +414,13 @@ def recovery(
         )
 
     report = _execute(
-        build, out=out, dry_run=dry_run, state_dir=state_dir, prefix=prefix, subnet=subnet
+        build,
+        out=out,
+        dry_run=dry_run,
+        state_dir=state_dir,
+        prefix=prefix,
+        subnet=subnet,
+        only=_labels(only),
     )
     raise typer.Exit(code=_exit_code([report]))
 
@@ -382,6 +431,7 @@ def balance(
     profile: Annotated[str, typer.Option(help="Link profile of the 4 devices.")] = "lte",
     cycle_time_ms: CycleTime = "auto",
     out: Out = None,
+    only: Only = None,
     dry_run: DryRun = False,
     state_dir: StateDir = None,
     prefix: Prefix = None,
@@ -397,7 +447,13 @@ def balance(
         )
 
     report = _execute(
-        build, out=out, dry_run=dry_run, state_dir=state_dir, prefix=prefix, subnet=subnet
+        build,
+        out=out,
+        dry_run=dry_run,
+        state_dir=state_dir,
+        prefix=prefix,
+        subnet=subnet,
+        only=_labels(only),
     )
     raise typer.Exit(code=_exit_code([report]))
 

@@ -21,7 +21,7 @@ from globaldl.experiments.cycle_time import (
     MAX_COORDINATION_SHARE,
 )
 from globaldl.experiments.outputs import write_csv
-from globaldl.experiments.runner import ExperimentRunner, RunResult
+from globaldl.experiments.runner import ExperimentRunner, RunResult, load_results
 from globaldl.experiments.spec import RunSpec
 
 
@@ -195,22 +195,37 @@ def run_experiment(
     runner: ExperimentRunner,
     out_dir: Path,
     command: str = "",
+    only: Sequence[str] | None = None,
 ) -> ExperimentReport:
     """Run the experiment's plan on the fleet, then write CSV, JSON, markdown and plots.
 
-    Whatever ran is written even when a run or the fleet fails, or the user interrupts; the
-    exception then propagates after the outputs are written (marked incomplete).
+    With `only` (run labels) just those runs run; the outputs also take every other run of
+    the plan already in `out_dir` (to re-run one failed or disturbed run). Whatever ran is
+    written even when a run or the fleet fails, or the user interrupts; the exception then
+    propagates after the outputs are written (marked incomplete).
     """
     specs = experiment.plan()
+    chosen = specs
+    if only is not None:
+        unknown = sorted(set(only) - {spec.label for spec in specs})
+        if unknown:
+            raise ValueError(
+                f"no run labelled {', '.join(unknown)} in {experiment.name}; its runs: "
+                f"{', '.join(spec.label for spec in specs)}"
+            )
+        chosen = [spec for spec in specs if spec.label in only]
     # Refusals (a bad plan, a fleet already up) come before anything is run or written.
-    runner.validate(specs)
+    runner.validate(chosen)
     runner.check_no_fleet_up()
-    results: list[RunResult] = []
+    kept = load_results(out_dir, [spec for spec in specs if spec not in chosen])
+    fresh: list[RunResult] = []
     complete = False
     try:
-        results = runner.run(specs, collected=results)
+        runner.run(chosen, collected=fresh)
         complete = True
     finally:
+        by_label = {result.spec.label: result for result in [*kept, *fresh]}
+        results = [by_label[spec.label] for spec in specs if spec.label in by_label]
         report = write_outputs(experiment, results, out_dir, command, complete=complete)
     return report
 

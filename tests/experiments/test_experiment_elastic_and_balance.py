@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -139,3 +140,39 @@ def test_faults_must_name_a_device_of_the_fleet() -> None:
         )
     with pytest.raises(ValueError, match="fault action 'reboot' is not one of: kill, revive"):
         Fault("reboot", 1, "epoch")
+
+
+def test_only_reruns_the_named_runs_and_keeps_the_others_from_the_folder(tmp_path: Path) -> None:
+    """A recording stand-in for the fleet runner (the real one is tested on a real fleet)."""
+    from globaldl.experiments import run_experiment
+
+    experiment = BalanceExperiment(quick=True)
+    equal_spec, speed_spec = experiment.plan()
+    old_equal = result(
+        equal_spec, summary(epoch_seconds=[20.0, 20.0], val_accuracies=[0.85, 0.93], ranks=4)
+    )
+    (tmp_path / "runs" / "lenet-equal").mkdir(parents=True)
+    (tmp_path / "runs" / "lenet-equal" / "result.json").write_text(json.dumps(old_equal.to_dict()))
+
+    class Runner:
+        ran: list[str] = []
+
+        def validate(self, specs: list[RunSpec]) -> None:
+            pass
+
+        def check_no_fleet_up(self) -> None:
+            pass
+
+        def run(self, specs: list[RunSpec], collected: list) -> list:
+            self.ran = [spec.label for spec in specs]
+            fresh = summary(epoch_seconds=[10.0, 10.0], val_accuracies=[0.86, 0.93], ranks=4)
+            collected.extend(result(spec, fresh) for spec in specs)
+            return collected
+
+    runner = Runner()
+    report = run_experiment(experiment, runner, tmp_path, only=["lenet-speed"])  # type: ignore[arg-type]
+    assert runner.ran == ["lenet-speed"]
+    assert [row["label"] for row in report.rows] == ["lenet-equal", "lenet-speed"]
+    assert report.rows[0]["training_seconds"] == 40.0
+    with pytest.raises(ValueError, match="no run labelled nope in balance; its runs: lenet-equal"):
+        run_experiment(experiment, runner, tmp_path, only=["nope"])  # type: ignore[arg-type]
