@@ -7,6 +7,7 @@ test SIGKILLs the worker process Horovod started for host `127.0.0.1`, mid-epoch
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -163,3 +164,20 @@ def test_elastic_bad_discovery_output_fails_at_once_with_the_bad_line(
     # Horovod's own message (a ValueError naming 'two'), printed while threads interleave.
     assert "two" in launch.output, launch.output[-3000:]
     assert not launch.summary_path.exists()
+
+
+def test_corrupt_host_file_fails_at_once_with_horovods_message(
+    tmp_path: Path, venv_bin: Path, worker_env: dict[str, str]
+) -> None:
+    """A host file Horovod cannot parse stops horovodrun before any worker starts."""
+    host_file = tmp_path / "hosts"
+    host_file.write_text("localhost slots=two\n")
+    started = time.monotonic()
+    completed = subprocess.run(
+        [str(venv_bin / "horovodrun"), "-np", "2", "-hostfile", str(host_file), "--gloo",
+         str(venv_bin / "globaldl"), "train"],
+        env=worker_env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert completed.returncode != 0
+    assert "Invalid host input" in completed.stderr, completed.stderr[-2000:]
+    assert time.monotonic() - started < 30
