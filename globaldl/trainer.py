@@ -472,23 +472,6 @@ class Trainer:
             self._print_progress(result, totals)
         return result
 
-    def finish(
-        self,
-        last: EpochResult,
-        totals: RunTotals,
-        history: list[dict[str, Any]],
-        wall_seconds: float,
-        first_epoch: int,
-    ) -> dict[str, Any]:
-        """The run summary, with every rank's device name and weight digest (collectives)."""
-        digests = self._weight_digests()
-        devices = self.exchange.gather_text(self.device, "devices")
-        result = self._summary(last, totals, history, wall_seconds, first_epoch)
-        result["devices"] = devices
-        result["weight_digests"] = digests
-        result["weights_identical"] = len(set(digests)) == 1
-        return result
-
     def start_metrics(self, run_id: str) -> TrainingObserver:
         """Start the worker's Prometheus exporter (port: base + local rank), or a NullObserver."""
         settings = self.settings
@@ -526,7 +509,7 @@ class Trainer:
             flush=True,
         )
 
-    def _summary(
+    def finish(
         self,
         last: EpochResult,
         totals: RunTotals,
@@ -534,8 +517,11 @@ class Trainer:
         wall_seconds: float,
         first_epoch: int,
     ) -> dict[str, Any]:
+        """The run summary, with every rank's device name and weight digest (collectives)."""
         import horovod
 
+        digests = self._weight_digests()
+        devices = self.exchange.gather_text(self.device, "devices")
         settings = self.settings
         return {
             "schema_version": summary.SCHEMA_VERSION,
@@ -568,6 +554,9 @@ class Trainer:
             ),
             "compression": settings.compression_settings(),
             "resumed_from_epoch": first_epoch if settings.resume else None,
+            "devices": devices,
+            "weight_digests": digests,
+            "weights_identical": len(set(digests)) == 1,
             "versions": {
                 "tensorflow": tf.__version__,
                 "horovod": horovod.__version__,
