@@ -182,7 +182,8 @@ class RecoveryExperiment(Experiment):
             accuracy, baseline = row.get("val_accuracy"), reference.get("val_accuracy")
             checks.append(
                 TargetCheck(
-                    f"{row['label']}: final val_accuracy at most 1 point below the uninterrupted run",
+                    f"{row['label']}: final val_accuracy at most 1 point below the uninterrupted "
+                    "run",
                     f"{accuracy} vs {baseline}",
                     None if accuracy is None or baseline is None else accuracy >= baseline - 0.01,
                 )
