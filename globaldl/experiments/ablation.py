@@ -267,18 +267,25 @@ class AblationExperiment(Experiment):
         target = self.workload.target_accuracy
 
         def draw(figure: Any) -> None:
+            from matplotlib import colormaps
             from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
             curve_axis, step_axis = figure.subplots(1, 2)
+            # More variants than the default colour cycle has colours: tab20, and an open
+            # marker for the unshaped runs.
+            colours = iter(colormaps["tab20"].colors)
             for result in results:
                 if result.summary is None or not result.summary.get("history"):
                     continue
                 history = result.summary["history"]
+                variant = str(result.spec.factors["variant"])
                 curve_axis.plot(
                     epoch_end_seconds(history),
                     [epoch["val_accuracy"] for epoch in history],
                     marker="o",
-                    label=str(result.spec.factors["variant"]),
+                    markerfacecolor="none" if "unshaped" in variant else None,
+                    color=next(colours, None),
+                    label=variant,
                 )
             curve_axis.axhline(target, color="grey", linestyle=":", label=f"target {target:g}")
             curve_axis.set_xscale("log")
