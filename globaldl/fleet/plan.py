@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import ipaddress
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from globaldl.fleet.cgroups import CPU_PERIOD_MICROSECONDS, MIN_CPU_QUOTA_MICROSECONDS
