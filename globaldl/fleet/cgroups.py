@@ -93,8 +93,15 @@ def group_pids(group: Path) -> list[int]:
 
 
 def remove_group(group: Path, timeout_seconds: float = 10.0) -> None:
-    """Kill what runs in the group, then remove it; missing groups are fine (idempotent)."""
+    """Kill what runs in the group and its children, then remove them (idempotent).
+
+    Children go first: a `fleet up` killed between creating a device's group and recording
+    it in the fleet state leaves a child the state does not know, and a parent with a child
+    stays busy.
+    """
     deadline = time.monotonic() + timeout_seconds
+    for child in sorted(path for path in group.glob("*") if path.is_dir()):
+        remove_group(child, timeout_seconds)
     while group.exists():
         kill_processes(group_pids(group), grace_seconds=1.0)
         try:
