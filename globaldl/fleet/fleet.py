@@ -506,26 +506,31 @@ def _check_state_dir_is_private(state_dir: Path) -> None:
             )
 
 
-def _check_subnet_is_free(subnet: str) -> None:
-    """Refuse a subnet that overlaps any address or route the host already has."""
-    network = ipaddress.ip_network(subnet)
+def host_networks() -> list[tuple[ipaddress.IPv4Network, str]]:
+    """Every IPv4 network this host has an address in or a route to, with what owns it."""
+    found = []
     for entry in json.loads(run(["ip", "-j", "-4", "addr", "show"]).stdout or "[]"):
         for address in entry.get("addr_info", []):
             interface = ipaddress.ip_interface(f"{address['local']}/{address['prefixlen']}")
-            if interface.network.overlaps(network):
-                raise ValueError(
-                    f"subnet {subnet} clashes with {interface} on {entry['ifname']}; choose "
-                    "another --subnet"
-                )
+            found.append((interface.network, f"{interface} on {entry['ifname']}"))
     for route in json.loads(run(["ip", "-j", "-4", "route", "show"]).stdout or "[]"):
         destination = route.get("dst", "default")
-        if destination != "default" and ipaddress.ip_network(destination, strict=False).overlaps(
-            network
-        ):
-            raise ValueError(
-                f"subnet {subnet} clashes with route {destination} via {route.get('dev')}; choose "
-                "another --subnet"
+        if destination != "default":
+            found.append(
+                (
+                    ipaddress.ip_network(destination, strict=False),
+                    f"route {destination} via {route.get('dev')}",
+                )
             )
+    return found
+
+
+def _check_subnet_is_free(subnet: str) -> None:
+    """Refuse a subnet that overlaps any address or route the host already has."""
+    network = ipaddress.ip_network(subnet)
+    for used, owner in host_networks():
+        if used.overlaps(network):
+            raise ValueError(f"subnet {subnet} clashes with {owner}; choose another --subnet")
 
 
 def _shape(spec: DeviceSpec, netns: str, netem_available: bool) -> None:

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from globaldl.fleet.fleet import host_networks
+
 
 def fleet_skip_reason() -> str | None:
     """Why a real fleet cannot be brought up here, or None."""
@@ -28,15 +30,7 @@ def fleet_skip_reason() -> str | None:
 
 def free_subnet() -> str:
     """A /24 in 10.224-10.234 that overlaps no address or route of this machine."""
-    used = []
-    for entry in json.loads(_run(["ip", "-j", "-4", "addr"])):
-        for address in entry.get("addr_info", []):
-            used.append(
-                ipaddress.ip_interface(f"{address['local']}/{address['prefixlen']}").network
-            )
-    for route in json.loads(_run(["ip", "-j", "-4", "route"])):
-        if route.get("dst", "default") != "default":
-            used.append(ipaddress.ip_network(route["dst"], strict=False))
+    used = [network for network, _ in host_networks()]
     for _ in range(200):
         candidate = ipaddress.ip_network(
             f"10.{random.randint(224, 234)}.{random.randint(0, 255)}.0/24"

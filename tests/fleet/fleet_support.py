@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from globaldl.fleet.fleet import host_networks
+
 CLI_TIMEOUT_SECONDS = 120
 KNOWN_HOSTS = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "known_hosts"
 
@@ -53,20 +55,8 @@ needs_fleet_system = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REA
 
 
 def free_subnet() -> str:
-    """A /24 in 10.213-10.223 that overlaps no address or route on this machine."""
-    used: list[ipaddress.IPv4Network] = []
-    for entry in json.loads(
-        subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout
-    ):
-        for address in entry.get("addr_info", []):
-            used.append(
-                ipaddress.ip_interface(f"{address['local']}/{address['prefixlen']}").network
-            )
-    for route in json.loads(
-        subprocess.run(["ip", "-j", "-4", "route"], capture_output=True, text=True).stdout
-    ):
-        if route.get("dst", "default") != "default":
-            used.append(ipaddress.ip_network(route["dst"], strict=False))
+    """A /24 in 10.213-10.223 that overlaps no address or route of this machine."""
+    used = [network for network, _ in host_networks()]
     for _ in range(200):
         candidate = ipaddress.ip_network(
             f"10.{random.randint(213, 223)}.{random.randint(0, 255)}.0/24"
