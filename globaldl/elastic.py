@@ -173,9 +173,13 @@ class ElasticState(_state_base()):  # type: ignore[misc]
         return {
             "epoch": self.epoch,
             "fraction": self.fraction,
-            "history": self.history,
+            "history": list(self.history),  # a copy: a commit must not change afterwards
             "run_id": self.run_id,
         }
+
+    def _take_shared_objects(self, objects: dict[str, Any]) -> None:
+        self.epoch, self.fraction = objects["epoch"], objects["fraction"]
+        self.history, self.run_id = list(objects["history"]), objects["run_id"]
 
     # -------------------------------------------------------------- Horovod's State API
     def save(self) -> None:
@@ -183,7 +187,7 @@ class ElasticState(_state_base()):  # type: ignore[misc]
         self._committed = {
             "shared": [v.numpy() for v in self._shared_variables(self.trainer)],
             "local": [v.numpy() for v in self._local_variables(self.trainer)],
-            "objects": {**self._shared_objects(), "history": list(self.history)},
+            "objects": self._shared_objects(),
             "epoch_totals": self.epoch_totals.copy(),
             "step": int(self.trainer.step.numpy()),
         }
@@ -205,9 +209,7 @@ class ElasticState(_state_base()):  # type: ignore[misc]
             variable.assign(value)
         for variable, value in zip(self._local_variables(trainer), committed["local"], strict=True):
             variable.assign(value)
-        objects = committed["objects"]
-        self.epoch, self.fraction = objects["epoch"], objects["fraction"]
-        self.history, self.run_id = list(objects["history"]), objects["run_id"]
+        self._take_shared_objects(committed["objects"])
         self.epoch_totals = committed["epoch_totals"].copy()
 
     def check_host_updates(self) -> None:
@@ -244,9 +246,7 @@ class ElasticState(_state_base()):  # type: ignore[misc]
             trainer.exchange.broadcast_variables(self._shared_variables(trainer), root_rank=0)
             return trainer.exchange.broadcast_object(self._shared_objects(), "elastic_objects")
 
-        objects = _collective_failures_as_horovod_errors(broadcast)
-        self.epoch, self.fraction = objects["epoch"], objects["fraction"]
-        self.history, self.run_id = list(objects["history"]), objects["run_id"]
+        self._take_shared_objects(_collective_failures_as_horovod_errors(broadcast))
         if self.events:
             self.events[-1].step = int(trainer.step.numpy())
         self.save()
@@ -296,11 +296,15 @@ class _ElasticLoop:
             first = min(steps_per_epoch, round(state.fraction * steps_per_epoch))
             epoch_started = time.perf_counter()
             iterator = iter(trainer.pipeline.train_batches(state.epoch, first))
+            # Every step advances the global step by one (skipped steps too): count it here
+            # rather than read the variable back after every step.
+            step = int(trainer.step.numpy())
             for index in range(first, steps_per_epoch):
                 trainer.run_step(iterator, self.observer, self.totals, state.epoch_totals)
+                step += 1
                 state.note_step_done()
                 state.fraction = (index + 1) / steps_per_epoch
-                if int(trainer.step.numpy()) % settings.commit_every == 0:
+                if step % settings.commit_every == 0:
                     state.commit()
             last = trainer.end_epoch(
                 state.epoch,
