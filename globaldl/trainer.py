@@ -132,15 +132,7 @@ class Trainer:
         self.rank, self.size = self.exchange.rank, self.exchange.size
         self.device = settings.device or socket.gethostname()
         keras.utils.set_random_seed(settings.seed)
-        self.pipeline: InputPipeline = make_pipeline(
-            settings.dataset,
-            rank=self.rank,
-            num_ranks=self.size,
-            batch_size=settings.batch_size,
-            seed=settings.seed,
-            data_dir=settings.data_dir,
-            input_delay_ms=settings.input_delay_ms,
-        )
+        self.pipeline: InputPipeline = self._make_pipeline(None)
         spec = self.pipeline.spec
         self.model = build_model(
             settings.model,
@@ -195,7 +187,23 @@ class Trainer:
         )
         self._train_step = self._build_train_step()
 
-    # ----------------------------------------------------------------- balance
+    # ----------------------------------------------------------------- input and balance
+    def _make_pipeline(self, rank_batch_sizes: tuple[int, ...] | None) -> InputPipeline:
+        """The rank's input: equal local batches, or every rank's own (`--balance speed`)."""
+        settings = self.settings
+        return make_pipeline(
+            settings.dataset,
+            rank=self.rank,
+            num_ranks=self.size,
+            batch_size=settings.batch_size
+            if rank_batch_sizes is None
+            else rank_batch_sizes[self.rank],
+            seed=settings.seed,
+            data_dir=settings.data_dir,
+            input_delay_ms=settings.input_delay_ms,
+            rank_batch_sizes=rank_batch_sizes,
+        )
+
     def _balance_by_speed(self) -> None:
         """Time this rank's compute, share the speeds, take a batch in proportion (balance.py)."""
         speed = self._measure_speed()
@@ -206,17 +214,7 @@ class Trainer:
         self.rank_batch_sizes = split_batch(
             self.settings.batch_size * self.size, self.measured_speeds
         )
-        settings = self.settings
-        self.pipeline = make_pipeline(
-            settings.dataset,
-            rank=self.rank,
-            num_ranks=self.size,
-            batch_size=self.rank_batch_sizes[self.rank],
-            seed=settings.seed,
-            data_dir=settings.data_dir,
-            input_delay_ms=settings.input_delay_ms,
-            rank_batch_sizes=self.rank_batch_sizes,
-        )
+        self.pipeline = self._make_pipeline(self.rank_batch_sizes)
         if self.rank == 0:
             print(
                 "balance speed: examples/s per rank "
