@@ -13,11 +13,13 @@ demo: setup
 
 # pytest as a console script, not `python -m pytest`: the latter puts the repository root on
 # sys.path, where the folder compression/ would shadow the standard library's `compression`.
-test: setup
+test: setup lint
 	@$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# Part of `make test` (and so of CI): lint findings and unformatted files fail the run.
 lint: setup
-	@$(VENV)/bin/ruff check globaldl compression pipelines monitoring tests
+	@$(VENV)/bin/ruff check --quiet .
+	@$(VENV)/bin/ruff format --check --quiet .
 
 clean:
 	rm -rf $(RUNS) .pytest_cache .hypothesis

@@ -68,9 +68,7 @@ def save(directory: Path, epoch: int, checkpoint: tf.train.Checkpoint, metadata:
     staging = Path(tempfile.mkdtemp(dir=directory, prefix=f".{final.name}-"))
     try:
         checkpoint.write(str(staging / PREFIX))
-        files = {
-            path.name: _sha256(path) for path in sorted(staging.iterdir()) if path.is_file()
-        }
+        files = {path.name: _sha256(path) for path in sorted(staging.iterdir()) if path.is_file()}
         manifest = {"epoch": epoch, "files": files, **metadata}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         if final.exists():
@@ -102,7 +100,9 @@ def verify(checkpoint_path: Path) -> dict:
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"checkpoint manifest {manifest_path} is unreadable: {error}") from error
+        raise CheckpointError(
+            f"checkpoint manifest {manifest_path} is unreadable: {error}"
+        ) from error
     for name, expected in manifest.get("files", {}).items():
         path = checkpoint_path / name
         if not path.is_file():

@@ -36,7 +36,7 @@ class Exchange:
 
     @property
     def rank(self) -> int:
-        """This worker's rank, 0..size-1."""
+        """The rank of this worker, 0..size-1."""
         return int(self._hvd.rank())
 
     @property
@@ -46,7 +46,7 @@ class Exchange:
 
     @property
     def local_rank(self) -> int:
-        """This worker's rank among the workers on its host."""
+        """The rank of this worker among the workers on its host."""
         return int(self._hvd.local_rank())
 
     @property

@@ -29,7 +29,7 @@ def venv_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def worker_env() -> dict[str, str]:
-    """Environment for launched workers: quiet TensorFlow, nothing inherited that changes settings."""
+    """Environment for launched workers: quiet TensorFlow, no inherited settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLOBALDL_")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env

@@ -11,24 +11,35 @@ from globaldl.settings import SettingsError, TrainSettings, resolve_settings
 def test_defaults_are_the_embedded_demo() -> None:
     settings = resolve_settings({}, None, environ={})
     assert (settings.model, settings.dataset, settings.prune, settings.quantize) == (
-        "lenet", "mnist", "none", "none")
+        "lenet",
+        "mnist",
+        "none",
+        "none",
+    )
 
 
 def test_flag_beats_file_beats_environment(tmp_path: Path) -> None:
     config = tmp_path / "run.yaml"
     config.write_text("epochs: 5\nbatch-size: 16\nlearning_rate: 0.2\n")
-    environ = {"GLOBALDL_EPOCHS": "7", "GLOBALDL_BATCH_SIZE": "8", "GLOBALDL_SEED": "3",
-               "GLOBALDL_LEARNING_RATE": "0.3"}
+    environ = {
+        "GLOBALDL_EPOCHS": "7",
+        "GLOBALDL_BATCH_SIZE": "8",
+        "GLOBALDL_SEED": "3",
+        "GLOBALDL_LEARNING_RATE": "0.3",
+    }
     settings = resolve_settings({"epochs": 9, "batch_size": None}, config, environ=environ)
-    assert settings.epochs == 9            # flag over file and environment
-    assert settings.batch_size == 16       # file over environment (flag not given)
-    assert settings.learning_rate == 0.2   # file over environment
-    assert settings.seed == 3              # environment over default
+    assert settings.epochs == 9  # flag over file and environment
+    assert settings.batch_size == 16  # file over environment (flag not given)
+    assert settings.learning_rate == 0.2  # file over environment
+    assert settings.seed == 3  # environment over default
 
 
 def test_environment_booleans_and_paths_are_coerced(tmp_path: Path) -> None:
-    settings = resolve_settings({}, None, environ={
-        "GLOBALDL_ERROR_FEEDBACK": "no", "GLOBALDL_SUMMARY": str(tmp_path / "s.json")})
+    settings = resolve_settings(
+        {},
+        None,
+        environ={"GLOBALDL_ERROR_FEEDBACK": "no", "GLOBALDL_SUMMARY": str(tmp_path / "s.json")},
+    )
     assert settings.error_feedback is False
     assert settings.summary == tmp_path / "s.json"
 

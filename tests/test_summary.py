@@ -9,15 +9,35 @@ from globaldl import summary
 from globaldl.summary import SummaryError
 
 GOOD = {
-    "schema_version": 1, "run_id": "run-1", "model": "lenet", "dataset": "mnist", "ranks": 2,
-    "epochs": 2, "steps": 124, "global_batch_size": 64, "val_accuracy": 0.93, "val_loss": 0.25,
+    "schema_version": 1,
+    "run_id": "run-1",
+    "model": "lenet",
+    "dataset": "mnist",
+    "ranks": 2,
+    "epochs": 2,
+    "steps": 124,
+    "global_batch_size": 64,
+    "val_accuracy": 0.93,
+    "val_loss": 0.25,
     "wall_seconds": 31.5,
-    "phase_seconds": {"data_load": 0.1, "compute": 5.0, "compress": 0.0, "exchange": 2.0,
-                      "decompress": 0.0, "apply": 0.3},
-    "gradient_bytes_raw": 1000, "gradient_bytes_wire": 1000, "compression_ratio": 1.0,
+    "phase_seconds": {
+        "data_load": 0.1,
+        "compute": 5.0,
+        "compress": 0.0,
+        "exchange": 2.0,
+        "decompress": 0.0,
+        "apply": 0.3,
+    },
+    "gradient_bytes_raw": 1000,
+    "gradient_bytes_wire": 1000,
+    "compression_ratio": 1.0,
     "compression": {"prune": "none", "density": 0.01, "quantize": "none", "error_feedback": True},
-    "versions": {"tensorflow": "2.21.0", "horovod": "0.28.1", "globaldl": "0.1.0",
-                 "python": "3.11.7"},
+    "versions": {
+        "tensorflow": "2.21.0",
+        "horovod": "0.28.1",
+        "globaldl": "0.1.0",
+        "python": "3.11.7",
+    },
 }
 
 

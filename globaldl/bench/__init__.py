@@ -1,1 +1,1 @@
-"""Benchmarks: measured numbers written as JSON and a markdown table (never asserted by timed tests)."""
+"""Benchmarks: measured numbers as JSON and a markdown table (never asserted by timed tests)."""

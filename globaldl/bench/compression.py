@@ -61,11 +61,17 @@ def _real_gradients(workload: dict[str, Any], batch_size: int, repeats: int):
     from globaldl.models import build_model
     from globaldl.pipelines import make_pipeline
 
-    pipeline = make_pipeline(workload["dataset"], rank=0, num_ranks=1, batch_size=batch_size, seed=0)
+    pipeline = make_pipeline(
+        workload["dataset"], rank=0, num_ranks=1, batch_size=batch_size, seed=0
+    )
     images, labels = next(iter(pipeline.train_batches(0)))
     spec = pipeline.spec
-    model = build_model(workload["model"], input_shape=spec.input_shape,
-                        num_classes=spec.num_classes, resnet_depth=workload["resnet_depth"])
+    model = build_model(
+        workload["model"],
+        input_shape=spec.input_shape,
+        num_classes=spec.num_classes,
+        resnet_depth=workload["resnet_depth"],
+    )
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
@@ -82,8 +88,9 @@ def _measure_codec(variables, gradients, prune: str, density: float, quantize: s
     from globaldl.compression import Combine, CompressionConfig, GradientCompressor
 
     config = CompressionConfig(prune=prune, density=density, quantize=quantize, warmup_epochs=0)
-    compressor = GradientCompressor(config, list(variables), steps_per_epoch=1, rank=0,
-                                    num_ranks=SIMULATED_RANKS)
+    compressor = GradientCompressor(
+        config, list(variables), steps_per_epoch=1, rank=0, num_ranks=SIMULATED_RANKS
+    )
     step = tf.constant(1000, tf.int64)
 
     @tf.function
@@ -102,16 +109,22 @@ def _measure_codec(variables, gradients, prune: str, density: float, quantize: s
     return compressor.raw_bytes_per_step, wire_bytes, codec_seconds
 
 
-def run_codec_benchmark(batch_size: int, repeats: int,
-                        workloads: list[str] | None = None,
-                        progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def run_codec_benchmark(
+    batch_size: int,
+    repeats: int,
+    workloads: list[str] | None = None,
+    progress: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
     """One row per workload x combination: ratio, codec and compute milliseconds."""
     rows = []
     for name in workloads or list(WORKLOADS):
-        variables, gradients, compute_seconds = _real_gradients(WORKLOADS[name], batch_size, repeats)
+        variables, gradients, compute_seconds = _real_gradients(
+            WORKLOADS[name], batch_size, repeats
+        )
         for prune, density, quantize in COMBINATIONS:
-            raw, wire, codec_seconds = _measure_codec(variables, gradients, prune, density,
-                                                      quantize, repeats)
+            raw, wire, codec_seconds = _measure_codec(
+                variables, gradients, prune, density, quantize, repeats
+            )
             row = {
                 "workload": name,
                 "prune": prune,
@@ -125,12 +138,16 @@ def run_codec_benchmark(batch_size: int, repeats: int,
                 "codec_share_of_compute": codec_seconds / compute_seconds,
             }
             rows.append(row)
-            progress(f"{name:9s} {prune:9s} {quantize:8s} ratio {row['ratio']:8.1f}x  "
-                     f"codec {row['codec_ms']:7.2f} ms  compute {row['compute_ms']:7.2f} ms")
+            progress(
+                f"{name:9s} {prune:9s} {quantize:8s} ratio {row['ratio']:8.1f}x  "
+                f"codec {row['codec_ms']:7.2f} ms  compute {row['compute_ms']:7.2f} ms"
+            )
     return rows
 
 
-def run_accuracy_check(epochs: int, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def run_accuracy_check(
+    epochs: int, progress: Callable[[str], None] = print
+) -> list[dict[str, Any]]:
     """LeNet on MNIST with 2 Horovod ranks, dense and with the recommended preset."""
     bin_dir = Path(sys.executable).parent
     rows = []
@@ -138,13 +155,31 @@ def run_accuracy_check(epochs: int, progress: Callable[[str], None] = print) -> 
     with tempfile.TemporaryDirectory() as scratch:
         for label, flags in (("dense", []), ("topk 0.01 + int8", RECOMMENDED_FLAGS)):
             summary_path = Path(scratch) / "summary.json"
-            command = [str(bin_dir / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-                       str(bin_dir / "globaldl"), "train", "--epochs", str(epochs), *flags,
-                       "--summary", str(summary_path)]
+            command = [
+                str(bin_dir / "horovodrun"),
+                "-np",
+                "2",
+                "-H",
+                "localhost:2",
+                "--gloo",
+                str(bin_dir / "globaldl"),
+                "train",
+                "--epochs",
+                str(epochs),
+                *flags,
+                "--summary",
+                str(summary_path),
+            ]
             subprocess.run(command, check=True, env=env, capture_output=True, timeout=1800)
             result = json.loads(summary_path.read_text())
-            rows.append({"run": label, "epochs": epochs, "val_accuracy": result["val_accuracy"],
-                         "compression_ratio": result["compression_ratio"],
-                         "wall_seconds": result["wall_seconds"]})
+            rows.append(
+                {
+                    "run": label,
+                    "epochs": epochs,
+                    "val_accuracy": result["val_accuracy"],
+                    "compression_ratio": result["compression_ratio"],
+                    "wall_seconds": result["wall_seconds"],
+                }
+            )
             progress(f"accuracy {label}: {result['val_accuracy']:.4f}")
     return rows

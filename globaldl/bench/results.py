@@ -1,4 +1,4 @@
-"""Where benchmark and experiment numbers go: JSON for machines, markdown for people, both atomic."""
+"""Where benchmark and experiment numbers go: JSON for machines, markdown for people, atomic."""
 
 from __future__ import annotations
 
@@ -75,8 +75,13 @@ def write_results(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_description()
-    document = {"title": title, "command": command, "machine": machine, "rows": list(rows),
-                **(extra or {})}
+    document = {
+        "title": title,
+        "command": command,
+        "machine": machine,
+        "rows": list(rows),
+        **(extra or {}),
+    }
     json_path = out_dir / f"{name}.json"
     write_json_atomically(json_path, document)
     machine_line = ", ".join(f"{key} {value}" for key, value in machine.items())

@@ -9,8 +9,10 @@ import typer
 
 from globaldl.cli.errors import user_errors
 
-app = typer.Typer(help="Benchmarks: numbers written as JSON and markdown, never asserted by tests.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmarks: numbers written as JSON and markdown, never asserted by tests.",
+    no_args_is_help=True,
+)
 
 DEFAULT_OUT = Path("results/bench")
 
@@ -32,10 +34,18 @@ def timing(
 
         settings = TrainSettings(model=model, dataset=dataset, batch_size=batch_size)
         rows = [measure_timing_cost(settings, steps, repeats)]
-        command = (f"globaldl bench timing --model {model} --dataset {dataset} "
-                   f"--batch-size {batch_size} --steps {steps} --repeats {repeats}")
-        _, md_path = write_results(out, "timing", "Cost of phase timing", rows, command=command,
-                                   notes="One process; the step is the full training step.")
+        command = (
+            f"globaldl bench timing --model {model} --dataset {dataset} "
+            f"--batch-size {batch_size} --steps {steps} --repeats {repeats}"
+        )
+        _, md_path = write_results(
+            out,
+            "timing",
+            "Cost of phase timing",
+            rows,
+            command=command,
+            notes="One process; the step is the full training step.",
+        )
         typer.echo(md_path.read_text())
 
 
@@ -43,7 +53,10 @@ def timing(
 def compression(
     batch_size: Annotated[int, typer.Option(help="Batch size of the real gradients.")] = 32,
     repeats: Annotated[int, typer.Option(help="Timed repetitions per measurement (median).")] = 20,
-    accuracy_epochs: Annotated[int, typer.Option(help="Epochs of the dense vs recommended-preset accuracy check (0: skip).")] = 3,
+    accuracy_epochs: Annotated[
+        int,
+        typer.Option(help="Epochs of the dense vs recommended-preset accuracy check (0: skip)."),
+    ] = 3,
     out: Annotated[Path, typer.Option(help="Results folder.")] = DEFAULT_OUT,
 ) -> None:
     """Ratio of dense fp32 bytes to wire bytes, and codec time as a share of compute time."""
@@ -53,25 +66,47 @@ def compression(
 
         rows = run_codec_benchmark(batch_size, repeats)
         accuracy = run_accuracy_check(accuracy_epochs) if accuracy_epochs > 0 else []
-        resnet_300x = [r for r in rows if r["workload"] == "resnet20" and r["prune"] == "topk"
-                       and r["density"] == 0.001 and r["quantize"] != "none" and r["ratio"] >= 300]
+        resnet_300x = [
+            r
+            for r in rows
+            if r["workload"] == "resnet20"
+            and r["prune"] == "topk"
+            and r["density"] == 0.001
+            and r["quantize"] != "none"
+            and r["ratio"] >= 300
+        ]
+        met_by = (
+            "met by " + ", ".join(r["quantize"] for r in resnet_300x) if resnet_300x else "NOT met"
+        )
         notes = [
             "codec_ms = compress on one rank + decompress of two ranks' payloads, one tf.function;",
-            "compute_ms = forward + backward of one batch. Targets: top-k 0.1% + a quantizer >= 300x on",
-            f"ResNet-20 ({'met by ' + ', '.join(r['quantize'] for r in resnet_300x) if resnet_300x else 'NOT met'});",
+            "compute_ms = forward + backward of one batch. Targets: top-k 0.1% + a quantizer",
+            f">= 300x on ResNet-20 ({met_by});",
             "codec time <= 10% of compute; recommended preset within 1 point of dense on MNIST.",
         ]
         if accuracy:
             from globaldl.bench.results import markdown_table
 
             loss_points = 100 * (accuracy[0]["val_accuracy"] - accuracy[1]["val_accuracy"])
-            notes += ["", "## Accuracy, LeNet on MNIST, 2 Horovod ranks", "",
-                      markdown_table(accuracy),
-                      f"The recommended preset is {loss_points:.1f} points below dense "
-                      f"({'within' if loss_points <= 1.0 else 'NOT within'} 1 point)."]
-        command = (f"globaldl bench compression --batch-size {batch_size} --repeats {repeats} "
-                   f"--accuracy-epochs {accuracy_epochs}")
-        _, md_path = write_results(out, "compression", "Compression: bytes and codec time",
-                                   rows, notes="\n".join(notes), command=command,
-                                   extra={"accuracy": accuracy})
+            notes += [
+                "",
+                "## Accuracy, LeNet on MNIST, 2 Horovod ranks",
+                "",
+                markdown_table(accuracy),
+                f"The recommended preset is {loss_points:.1f} points below dense "
+                f"({'within' if loss_points <= 1.0 else 'NOT within'} 1 point).",
+            ]
+        command = (
+            f"globaldl bench compression --batch-size {batch_size} --repeats {repeats} "
+            f"--accuracy-epochs {accuracy_epochs}"
+        )
+        _, md_path = write_results(
+            out,
+            "compression",
+            "Compression: bytes and codec time",
+            rows,
+            notes="\n".join(notes),
+            command=command,
+            extra={"accuracy": accuracy},
+        )
         typer.echo(md_path.read_text())

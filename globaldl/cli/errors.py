@@ -11,7 +11,13 @@ from globaldl.checkpoint import CheckpointError
 from globaldl.settings import SettingsError
 from globaldl.summary import SummaryError
 
-USER_ERRORS: tuple[type[Exception], ...] = (SettingsError, SummaryError, CheckpointError, ValueError, OSError)
+USER_ERRORS: tuple[type[Exception], ...] = (
+    SettingsError,
+    SummaryError,
+    CheckpointError,
+    ValueError,
+    OSError,
+)
 
 
 @contextmanager

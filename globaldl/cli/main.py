@@ -8,7 +8,8 @@ from globaldl.cli import bench, dashboards, experiment, fleet, monitor, report, 
 
 app = typer.Typer(
     name="globaldl",
-    help="Train one TensorFlow model across many small devices with Horovod, and show where the time goes.",
+    help="Train one TensorFlow model across many small devices with Horovod, and show where the "
+    "time goes.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

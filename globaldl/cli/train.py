@@ -74,7 +74,8 @@ def train(
     input_delay_ms: Annotated[
         float | None,
         typer.Option(
-            help="Deliberate delay per batch in the input pipeline, in ms (demonstrates an I/O bottleneck)."
+            help="Deliberate delay per batch in the input pipeline, in ms (demonstrates an I/O "
+            "bottleneck)."
         ),
     ] = None,
     checkpoint_dir: Annotated[
@@ -140,7 +141,8 @@ def train(
     metrics_basic_auth_file: Annotated[
         Path | None,
         typer.Option(
-            help="File with one line user:password; the metrics endpoint then requires HTTP basic auth."
+            help="File with one line user:password; the metrics endpoint then requires HTTP "
+            "basic auth."
         ),
     ] = None,
     device: Annotated[
@@ -149,20 +151,23 @@ def train(
     balance: Annotated[
         str | None,
         typer.Option(
-            help=f"Work per device: {_choices(BALANCE_NAMES)}; speed = local batch in proportion to measured speed [default: equal]."
+            help=f"Work per device: {_choices(BALANCE_NAMES)}; speed = local batch in "
+            "proportion to measured speed [default: equal]."
         ),
     ] = None,
     elastic: Annotated[
         bool | None,
         typer.Option(
             "--elastic/--no-elastic",
-            help="Run under Horovod Elastic (horovodrun --min-np/--max-np/--host-discovery-script): devices may leave and join [default: off].",
+            help="Run under Horovod Elastic (horovodrun --min-np/--max-np/"
+            "--host-discovery-script): devices may leave and join [default: off].",
         ),
     ] = None,
     commit_every: Annotated[
         int | None,
         typer.Option(
-            help="Elastic: commit the training state every K steps; a failure loses at most K steps [default: 20]."
+            help="Elastic: commit the training state every K steps; a failure loses "
+            "at most K steps [default: 20]."
         ),
     ] = None,
     inject_nan_step: Annotated[

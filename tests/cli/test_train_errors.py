@@ -11,7 +11,11 @@ import pytest
 def _train(venv_bin: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(venv_bin / "globaldl"), "train", *args],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
     )
 
 
@@ -23,8 +27,14 @@ def _error_lines(stderr: str) -> list[str]:
     ("args", "expected"),
     [
         (["--model", "vgg16"], "model 'vgg16' is not one of: lenet, resnet, mlp, video"),
-        (["--dataset", "imagenet"], "dataset 'imagenet' is not one of: mnist, digits, cifar-synthetic, moving-mnist"),
-        (["--quantize", "int3"], "quantize 'int3' is not one of: none, fp16, int8, qsgd, terngrad, sign"),
+        (
+            ["--dataset", "imagenet"],
+            "dataset 'imagenet' is not one of: mnist, digits, cifar-synthetic, moving-mnist",
+        ),
+        (
+            ["--quantize", "int3"],
+            "quantize 'int3' is not one of: none, fp16, int8, qsgd, terngrad, sign",
+        ),
         (["--model", "resnet", "--depth", "50"], "depth 50 is not one of: 8, 14, 20, 32"),
         (["--density", "1.5"], "density 1.5 is not allowed; use 0 < density <= 1"),
     ],
@@ -61,8 +71,14 @@ def test_unwritable_summary_path_fails_before_training(
 def test_unwritable_checkpoint_dir_fails_before_training(
     venv_bin: Path, worker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    completed = _train(venv_bin, worker_env, "--checkpoint-dir", "/proc/globaldl-ckpt",
-                       "--summary", str(tmp_path / "s.json"))
+    completed = _train(
+        venv_bin,
+        worker_env,
+        "--checkpoint-dir",
+        "/proc/globaldl-ckpt",
+        "--summary",
+        str(tmp_path / "s.json"),
+    )
     assert completed.returncode == 2
     (line,) = _error_lines(completed.stderr)
     assert "/proc/globaldl-ckpt is not writable" in line
@@ -87,8 +103,14 @@ def test_bad_config_file_value_names_the_file(
 
 
 def test_every_command_has_help(venv_bin: Path, worker_env: dict[str, str]) -> None:
-    listing = subprocess.run([str(venv_bin / "globaldl"), "--help"], capture_output=True,
-                             text=True, env=worker_env, timeout=120, check=True).stdout
+    listing = subprocess.run(
+        [str(venv_bin / "globaldl"), "--help"],
+        capture_output=True,
+        text=True,
+        env=worker_env,
+        timeout=120,
+        check=True,
+    ).stdout
     assert "train" in listing
     completed = _train(venv_bin, worker_env, "--help")
     assert completed.returncode == 0 and "--prune" in completed.stdout

@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from fleet_support import (
     KNOWN_HOSTS,
     SKIP_REASON,

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fleet_support import leftovers, needs_fleet_system
 
 pytestmark = [needs_fleet_system, pytest.mark.horovod]

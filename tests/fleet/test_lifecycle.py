@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fleet_support import leftovers, needs_fleet_system, sshd_pids_of
 
 pytestmark = needs_fleet_system

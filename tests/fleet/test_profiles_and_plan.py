@@ -121,7 +121,8 @@ def test_default_cpu_splits_the_machine_evenly(profiles):
 
 def test_cpu_total_above_the_machine_is_refused_unless_forced(profiles):
     with pytest.raises(
-        ValueError, match=r"4 devices with 1\+1\+1\+1 = 4 cores is more than this machine's 2.*--force"
+        ValueError,
+        match=r"4 devices with 1\+1\+1\+1 = 4 cores is more than this machine's 2.*--force",
     ):
         plan_fleet(
             [profiles["lte"]] * 4, cpu_cores=1, available_cores=2, available_memory_bytes=16 * GIB
@@ -286,8 +287,12 @@ def test_byte_accounting_compares_counter_deltas_with_the_summary():
 def test_byte_accounting_of_a_one_device_run_reports_without_a_ratio():
     counters = {"tx_bytes": 5_000, "rx_bytes": 4_000, "tx_packets": 5, "rx_packets": 4}
     zero = {"tx_bytes": 0, "rx_bytes": 0, "tx_packets": 0, "rx_packets": 0}
-    accounting = account_bytes({"d1": zero}, {"d1": counters},
-                               {"gradient_bytes_wire": 1_000, "steps": 1, "ranks": 1}, run_seconds=1)
+    accounting = account_bytes(
+        {"d1": zero},
+        {"d1": counters},
+        {"gradient_bytes_wire": 1_000, "steps": 1, "ranks": 1},
+        run_seconds=1,
+    )
     assert accounting.overhead_ratio is None
     report = accounting.report()
     assert "d1" in report and "protocol overhead" not in report

@@ -57,7 +57,9 @@ def test_topk_int8_compresses_50x_and_stays_within_1_5_points_of_dense(
     )
     assert result["gradient_bytes_raw"] == dense_three_epochs["gradient_bytes_raw"]
     assert result["phase_seconds"]["compress"] > 0 and result["phase_seconds"]["decompress"] > 0
-    assert result["val_accuracy"] >= dense_three_epochs["val_accuracy"] - MAX_COMPRESSED_ACCURACY_LOSS
+    assert (
+        result["val_accuracy"] >= dense_three_epochs["val_accuracy"] - MAX_COMPRESSED_ACCURACY_LOSS
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,8 +89,17 @@ def test_nan_gradients_on_one_rank_make_every_rank_skip_the_same_step(
 ) -> None:
     result, _ = horovod_train(
         tmp_path,
-        ["--epochs", "1", "--max-steps-per-epoch", "20", "--inject-nan-step", "5",
-         "--inject-nan-rank", "1", *flags],
+        [
+            "--epochs",
+            "1",
+            "--max-steps-per-epoch",
+            "20",
+            "--inject-nan-step",
+            "5",
+            "--inject-nan-rank",
+            "1",
+            *flags,
+        ],
         worker_env,
     )
     assert result["steps"] == 20

@@ -9,19 +9,30 @@ from horovod_launch import horovod_train
 
 pytestmark = pytest.mark.horovod
 
-SHORT = ["--max-steps-per-epoch", "15", "--prune", "topk", "--density", "0.01", "--quantize", "int8"]
+SHORT = [
+    "--max-steps-per-epoch",
+    "15",
+    "--prune",
+    "topk",
+    "--density",
+    "0.01",
+    "--quantize",
+    "int8",
+]
 
 
 def test_resume_after_epoch_one_gives_bitwise_the_same_weights_as_an_uninterrupted_run(
     tmp_path: Path, worker_env: dict[str, str]
 ) -> None:
     straight, _ = horovod_train(
-        tmp_path / "straight", ["--epochs", "2", "--checkpoint-dir", str(tmp_path / "a"), *SHORT],
+        tmp_path / "straight",
+        ["--epochs", "2", "--checkpoint-dir", str(tmp_path / "a"), *SHORT],
         worker_env,
     )
     checkpoints = tmp_path / "b"
     first, _ = horovod_train(
-        tmp_path / "first", ["--epochs", "1", "--checkpoint-dir", str(checkpoints), *SHORT],
+        tmp_path / "first",
+        ["--epochs", "1", "--checkpoint-dir", str(checkpoints), *SHORT],
         worker_env,
     )
     resumed, _ = horovod_train(
