@@ -1,14 +1,8 @@
-"""The training loop; each step: data_load, compute, compress, exchange, decompress, apply.
+"""The training loop: builds a run from settings, trains epoch by epoch, writes the summary.
 
-How the phases are timed. The whole step is one `tf.function`. Between phases, `_phase_boundary`
-takes a `tf.timestamp()` that depends (by control edges) on every tensor the phase produced, and
-hands the next phase identity copies of those tensors that depend on the timestamp. So a phase
-cannot start before the previous one has finished, and each timestamp is taken exactly when its
-phase ends. The cost is six timestamp ops and a few identity ops per step, and the loss of overlap
-between phases (`globaldl bench timing`: 0.38 ms, 5.6%, on a 6.8 ms LeNet step), which on
-CPU-only devices the runtime could barely exploit anyway: gradients must exist before they are
-compressed, and the collective must finish before anything is applied. The step returns its six
-durations with the loss in one small tensor, the only per-step transfer to Python.
+The step itself (data_load, compute, compress, exchange, decompress, apply, each timed) is
+built in `globaldl/step.py`; this module owns everything around it: input, model, optimizer,
+the compressor's state, checkpoints, validation, metrics and the run summary.
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.pipelines import InputPipeline, make_pipeline
 from globaldl.settings import TrainSettings
+from globaldl.step import CORRECT, LOSS, SKIPPED, WIRE_BYTES, StepParts, build_train_step
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +38,6 @@ log = logging.getLogger(__name__)
 # until this many seconds have passed (a CPU quota shows only over many 100 ms periods).
 BALANCE_PROBE_BATCHES = 8
 BALANCE_PROBE_SECONDS = 2.0
-# Layout of the vector one training step returns.
-_LOSS, _CORRECT, _WIRE_BYTES, _SKIPPED = range(len(PHASES), len(PHASES) + 4)
 
 
 @dataclass
@@ -73,20 +66,6 @@ class RunTotals:
     gradient_bytes_raw: int = 0
     gradient_bytes_wire: int = 0
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-
-
-def _phase_boundary(tensors: Any) -> tuple[Any, tf.Tensor]:
-    """Timestamp the end of a phase; return its outputs gated on that timestamp."""
-    with tf.control_dependencies(tf.nest.flatten(tensors)):
-        stamp = tf.timestamp()
-    with tf.control_dependencies([stamp]):
-        gated = tf.nest.map_structure(tf.identity, tensors)
-    return gated, stamp
-
-
-def _no_boundary(tensors: Any) -> tuple[Any, tf.Tensor]:
-    """The same step without phase timing (for measuring what the timing costs)."""
-    return tensors, tf.constant(0.0, tf.float64)
 
 
 def _configure_threads(local_size: int) -> None:
@@ -250,75 +229,23 @@ class Trainer:
 
     # ----------------------------------------------------------------- the step
     def _build_train_step(self) -> Callable[[Any], tf.Tensor]:
-        model, compressor, exchange = self.model, self.compressor, self.exchange
-        variables, optimizer, loss_fn = self.variables, self.optimizer, self.loss_fn
-        num_ranks = tf.constant(self.size, tf.int32)
-        boundary = _phase_boundary if self.phase_timing else _no_boundary
-        inject_nan_step = self.settings.inject_nan_step
-        inject_nan_rank = self.settings.inject_nan_rank
-        weight = gradient_weight(self.rank_batch_sizes, self.rank)
-
-        @tf.function
-        def train_step(iterator: Any) -> tf.Tensor:
-            start = tf.timestamp() if self.phase_timing else tf.constant(0.0, tf.float64)
-            with tf.control_dependencies([start]):
-                images, labels = next(iterator)
-            (images, labels), loaded = boundary((images, labels))
-
-            with tf.GradientTape() as tape:
-                logits = model(images, training=True)
-                loss = loss_fn(labels, logits)
-                if model.losses:
-                    loss += tf.add_n(model.losses)
-            gradients = compressor.mask_gradients(tape.gradient(loss, variables))
-            if weight != 1.0:
-                # Unequal local batches: weight by sample count so the average stays the mean.
-                gradients = [None if g is None else g * weight for g in gradients]
-            if inject_nan_step is not None:
-                poisoned = tf.logical_and(
-                    tf.equal(self.step, inject_nan_step), tf.constant(self.rank == inject_nan_rank)
-                )
-                gradients[0] = gradients[0] + tf.where(poisoned, float("nan"), 0.0)
-            correct = tf.reduce_sum(
-                tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float64)
-            )
-            (gradients, loss, correct), computed = boundary((gradients, loss, correct))
-
-            payload, update = compressor.compress(gradients, self.step.read_value())
-            (payload, update), compressed = boundary((payload, update))
-
-            sent = exchange.exchange_payload(payload, compressor)
-            (received, lengths, wire_bytes), exchanged = boundary(
-                (sent.payload, sent.lengths, sent.wire_bytes)
-            )
-
-            averaged, nonfinite = compressor.decompress(received, lengths, num_ranks)
-            (averaged, nonfinite), decompressed = boundary((averaged, nonfinite))
-
-            def apply() -> tf.Tensor:
-                optimizer.apply_gradients(zip(averaged, variables, strict=True))
-                compressor.apply_state(update)
-                compressor.apply_weight_masks()
-                compressor.update_weight_masks(self.step.read_value())
-                return tf.constant(0.0, tf.float64)
-
-            # Every rank sees every rank's nonfinite flag in the exchanged payload, so all
-            # ranks take the same branch: skip the step, leave weights and residuals untouched.
-            skipped = tf.cond(nonfinite, lambda: tf.constant(1.0, tf.float64), apply)
-            with tf.control_dependencies([skipped]):
-                advanced = self.step.assign_add(1)
-            (skipped, _), applied = boundary((skipped, advanced))
-
-            stamps = tf.stack(
-                [start, loaded, computed, compressed, exchanged, decompressed, applied]
-            )
-            phase_seconds = stamps[1:] - stamps[:-1]
-            extras = tf.stack(
-                [tf.cast(loss, tf.float64), correct, tf.cast(wire_bytes, tf.float64), skipped]
-            )
-            return tf.concat([phase_seconds, extras], axis=0)
-
-        return train_step
+        return build_train_step(
+            StepParts(
+                model=self.model,
+                variables=self.variables,
+                loss_fn=self.loss_fn,
+                optimizer=self.optimizer,
+                compressor=self.compressor,
+                exchange=self.exchange,
+                step=self.step,
+                num_ranks=self.size,
+                rank=self.rank,
+                gradient_weight=gradient_weight(self.rank_batch_sizes, self.rank),
+                inject_nan_step=self.settings.inject_nan_step,
+                inject_nan_rank=self.settings.inject_nan_rank,
+            ),
+            phase_timing=self.phase_timing,
+        )
 
     @tf.function
     def _validation_step(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -420,13 +347,13 @@ class Trainer:
         batch_size = self.batch_size
         values = self._train_step(iterator).numpy()
         phases = dict(zip(PHASES, values[: len(PHASES)].tolist(), strict=True))
-        skipped = bool(values[_SKIPPED])
-        wire_bytes = int(values[_WIRE_BYTES])
+        skipped = bool(values[SKIPPED])
+        wire_bytes = int(values[WIRE_BYTES])
         raw_bytes = int(self.compressor.raw_bytes_per_step)
         if not skipped:
-            epoch_totals += (values[_LOSS] * batch_size, values[_CORRECT], batch_size)
+            epoch_totals += (values[LOSS] * batch_size, values[CORRECT], batch_size)
         observer.observe_step(
-            phases, batch_size, raw_bytes, wire_bytes, float(values[_LOSS]), skipped=skipped
+            phases, batch_size, raw_bytes, wire_bytes, float(values[LOSS]), skipped=skipped
         )
         totals.steps += 1
         totals.skipped_steps += int(skipped)
