@@ -11,11 +11,12 @@ import tensorflow as tf
 from globaldl.compression import elias_fano
 from globaldl.compression.base import TensorInfo, check_range, check_type
 from globaldl.compression.blocks import block_layout, static_block_count
-from globaldl.compression.config import Combine, CompressionConfig
+from globaldl.compression.config import CompressionConfig
 from globaldl.compression.quantizer import QUANTIZERS, QuantizedValues, Quantizer
 from globaldl.compression.sparsifier import EXCLUDED, SPARSIFIERS, Sparsifier, kept_count
 from globaldl.compression.weight_pruning import WeightPruning, is_prunable
 from globaldl.compression.wire import GatherWireFormat
+from globaldl.compression.wire_spec import Combine, WireSpec
 
 _SELECT_SALT = 1
 _DENSE_SALT = 2
@@ -127,12 +128,12 @@ class GradientCompressor:
             )
         self._build_layout()
 
-        self.lossless = config.prune == "none" and self.quantizer.is_lossless
-        summable = config.prune == "none" and config.quantize in ("none", "fp16")
+        self.lossless = self.sparsifier.sends_everything and self.quantizer.is_lossless
+        # The codecs' declarations decide, never their names: payloads sum when every rank
+        # sends the same positions and the quantizer's symbols add up to the values' sum.
+        summable = self.sparsifier.sends_everything and self.quantizer.sum_dtype is not None
         self.combine = Combine.SUM if summable else Combine.GATHER
-        self.payload_dtype = (
-            (tf.float16 if config.quantize == "fp16" else tf.float32) if summable else tf.uint8
-        )
+        self.payload_dtype = tf.as_dtype(self.quantizer.sum_dtype if summable else "uint8")
         self.applies_momentum = self.sparsifier.applies_momentum
         self.raw_bytes_per_step = 4 * self.num_elements
 
@@ -153,6 +154,11 @@ class GradientCompressor:
             self.weight_pruning.mask_variables if self.weight_pruning else []
         )
         self.fixed_payload_bytes = self._fixed_payload_bytes()
+        self.wire_spec = WireSpec(
+            combine=self.combine,
+            dtype=self.payload_dtype.name,
+            round_bytes=(self.fixed_payload_bytes,),
+        )
 
     # ----------------------------------------------------------------------------------- layout
     def _build_layout(self) -> None:
@@ -160,7 +166,9 @@ class GradientCompressor:
         shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
         sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
         is_sparse = [
-            config.prune != "none" and size > 0 and size >= config.dense_below_elements
+            not self.sparsifier.sends_everything
+            and size > 0
+            and size >= config.dense_below_elements
             for size in sizes
         ]
         order = [i for i in range(len(shapes)) if is_sparse[i]] + [

@@ -1,9 +1,13 @@
-"""The compression settings users choose (CompressionConfig) and how a payload combines."""
+"""The compression settings users choose: one CompressionConfig, validated once, end to end.
+
+The CLI builds it (``globaldl.settings.resolve_settings``) and hands it unchanged to the codec
+(``GradientCompressor``); nothing in between copies or re-validates its fields. It imports no
+TensorFlow, so bad values stop a run before TensorFlow loads.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Any
 
 from globaldl.compression.base import check_range, check_type
@@ -15,13 +19,6 @@ DEFAULT_DENSE_BELOW_ELEMENTS = 1024
 """Tensors with fewer elements (biases, batch-norm scales and offsets, tiny kernels) skip
 pruning: sending them dense costs little, and pruning them hurts accuracy most (DGC does the
 same). They are still quantized."""
-
-
-class Combine(enum.Enum):
-    """How the exchange combines the payloads of all ranks."""
-
-    SUM = "sum"  # elementwise sum (allreduce)
-    GATHER = "gather"  # concatenation in rank order (allgather), decoded per rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +63,7 @@ class CompressionConfig:
     weight_pruning_frequency_steps: int = 100
     momentum: float = 0.9
     clip_norm: float | None = None
-    warmup_epochs: int = 4
+    warmup_epochs: int = 0
     sample_ratio: float = 0.01
     min_sample_elements: int = 16384
     seed: int = 0

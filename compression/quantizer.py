@@ -32,6 +32,8 @@ class Quantizer(Codec):
     * ``uses_scales``: True if it needs one scale per block (then derive from
       :class:`BlockScaledQuantizer`, which holds ``block_size``);
     * ``is_lossless`` / ``is_unbiased``: what its tests hold it to;
+    * ``sum_dtype``: the dtype in which its payloads can be added across ranks so that the sum
+      decodes to the sum of the values (None, the default, when they can only be gathered);
 
     and overrides
 
@@ -60,6 +62,7 @@ class Quantizer(Codec):
     uses_scales: ClassVar[bool] = False
     is_lossless: ClassVar[bool] = False
     is_unbiased: ClassVar[bool] = False
+    sum_dtype: ClassVar[str | None] = None
     block_size: int = 1
 
     def encode(self, values: tf.Tensor, scale: tf.Tensor | None, seed: tf.Tensor) -> tf.Tensor:
@@ -152,6 +155,7 @@ class NoQuantization(Quantizer):
     bits_per_value = 32
     is_lossless = True
     is_unbiased = True
+    sum_dtype = "float32"
 
     def encode(self, values, scale, seed):  # noqa: D102
         return tf.bitcast(values, tf.int32)

@@ -33,7 +33,11 @@ class Sparsifier(Codec):
     """Chooses which entries of one flattened gradient tensor are sent.
 
     A subclass sets ``name`` and ``fixed_count`` (True when ``select`` always returns exactly
-    ``num_kept`` indices, which makes every payload the same size) and overrides
+    ``num_kept`` indices, which makes every payload the same size), declares
+    ``agreed_indices`` (True when every rank selects the same indices at a step, from
+    information all ranks share before it: the payloads can then be summed position by
+    position) and ``sends_everything`` (True only for the no-op: no entry is pruned), and
+    overrides
 
     * ``select(magnitudes, num_kept, seed) -> int32 indices``: ascending, distinct indices into
       ``magnitudes`` (a 1-D float32 tensor of |value|, holding ``EXCLUDED`` (-1) at entries
@@ -58,6 +62,8 @@ class Sparsifier(Codec):
     """
 
     fixed_count: ClassVar[bool] = True
+    agreed_indices: ClassVar[bool] = False
+    sends_everything: ClassVar[bool] = False
     applies_momentum: ClassVar[bool] = False
     uses_warmup: ClassVar[bool] = False
 
@@ -95,6 +101,8 @@ class NoPruning(Sparsifier):
     """Sends every entry (except those excluded by weight pruning)."""
 
     name = "none"
+    agreed_indices = True
+    sends_everything = True
 
     def select(self, magnitudes, num_kept, seed):  # noqa: D102
         return tf.cast(tf.where(magnitudes >= 0.0)[:, 0], tf.int32)

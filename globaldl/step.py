@@ -103,7 +103,7 @@ def build_train_step(parts: StepParts, phase_timing: bool = True) -> Callable[[A
         payload, update = compressor.compress(gradients, step.read_value())
         (payload, update), compressed = boundary((payload, update))
 
-        sent = exchange.exchange_payload(payload, compressor)
+        sent = exchange.exchange_payload(payload, compressor.wire_spec)
         (received, lengths, wire_bytes), exchanged = boundary(
             (sent.payload, sent.lengths, sent.wire_bytes)
         )

@@ -24,8 +24,14 @@ import tf_keras as keras
 import globaldl
 from globaldl import checkpoint, summary
 from globaldl.balance import gradient_weight, split_batch
-from globaldl.compression import CompressionConfig, GradientCompressor
-from globaldl.exchange import Exchange
+from globaldl.compression import GradientCompressor
+from globaldl.exchange import (
+    Exchange,
+    check_wire_spec,
+    collectives_per_step,
+    dense_device_tx_bytes_per_step_model,
+    device_tx_bytes_per_step_model,
+)
 from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.pipelines import InputPipeline, make_pipeline
@@ -136,23 +142,13 @@ class Trainer:
         if settings.max_steps_per_epoch is not None:
             self.steps_per_epoch = min(self.steps_per_epoch, settings.max_steps_per_epoch)
         self.compressor = GradientCompressor(
-            CompressionConfig(
-                prune=settings.prune,
-                density=settings.density,
-                quantize=settings.quantize,
-                error_feedback=settings.error_feedback,
-                block_size=settings.block_size,
-                qsgd_levels=settings.qsgd_levels,
-                weight_sparsity=settings.weight_sparsity,
-                momentum=settings.momentum,
-                warmup_epochs=settings.warmup_epochs,
-                seed=settings.seed + self.rank,
-            ),
+            settings.compression,
             self.variables,
             steps_per_epoch=self.steps_per_epoch,
             rank=self.rank,
             num_ranks=self.size,
         )
+        self.wire_spec = check_wire_spec(self.compressor.wire_spec)
         self.learning_rate = settings.learning_rate * (self.size if settings.scale_lr else 1)
         self.optimizer = _make_optimizer(settings, self.learning_rate, self.compressor)
         self.optimizer.build(self.variables)
@@ -434,6 +430,25 @@ class Trainer:
             flush=True,
         )
 
+    def _exchange_summary(self) -> dict[str, Any]:
+        """Which collective ran, read from the compressor's wire declaration."""
+        return {
+            "combine": self.wire_spec.combine.value,
+            "collectives_per_step": collectives_per_step(self.wire_spec),
+            "hierarchy": "none",
+        }
+
+    def _traffic_summary(self, totals: RunTotals) -> dict[str, Any]:
+        """Per-device bytes per step by the collectives' algorithms, against dense fp32."""
+        payload_bytes = totals.gradient_bytes_wire / max(totals.steps, 1)
+        modelled = device_tx_bytes_per_step_model(self.wire_spec, self.size, payload_bytes)
+        dense = dense_device_tx_bytes_per_step_model(self.compressor.raw_bytes_per_step, self.size)
+        return {
+            "device_tx_bytes_per_step_model": modelled,
+            "dense_device_tx_bytes_per_step_model": dense,
+            "traffic_ratio_vs_dense": dense / modelled if modelled > 0 else None,
+        }
+
     def finish(
         self,
         last: EpochResult,
@@ -477,7 +492,9 @@ class Trainer:
             "compression_ratio": summary.compression_ratio(
                 totals.gradient_bytes_raw, totals.gradient_bytes_wire
             ),
-            "compression": settings.compression_settings(),
+            "compression": settings.compression.get_config(),
+            "exchange": self._exchange_summary(),
+            "traffic": self._traffic_summary(totals),
             "resumed_from_epoch": first_epoch if settings.resume else None,
             "devices": devices,
             "weight_digests": digests,

@@ -8,13 +8,12 @@ from typing import Annotated
 import typer
 
 from globaldl.cli.errors import user_errors
+from globaldl.compression.config import PRUNE_NAMES, QUANTIZE_NAMES
 from globaldl.settings import (
     BALANCE_NAMES,
     DATASET_NAMES,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
-    PRUNE_NAMES,
-    QUANTIZE_NAMES,
     RESNET_DEPTHS,
     resolve_settings,
 )
