@@ -3,8 +3,11 @@
 ``GradientCompressor`` turns all of a model's gradients into one payload per step and back;
 the codecs below it are registered by name:
 
-* sparsifiers (step 1): ``none``, ``topk``, ``randomk``, ``threshold``, ``dgc``;
-* quantizers (step 2): ``none``, ``fp16``, ``int8``, ``qsgd``, ``terngrad``, ``sign``.
+* sparsifiers (step 1): ``none``, ``topk``, ``randomk``, ``threshold``, ``dgc``, and the
+  ones whose positions every rank agrees on, so the payloads sum: ``shared-randomk``,
+  ``shared-topk``; and ``powersgd`` (rank-r factors, summed in two rounds);
+* quantizers (step 2): ``none``, ``fp16``, ``int8``, ``qsgd``, ``terngrad``, ``sign``, and
+  ``intsum`` (integer codes on a shared scale, summed exactly; summed payloads only).
 
 No Horovod and no file I/O here: the exchange (``globaldl.exchange``) moves the payloads,
 reading only the compressor's :class:`WireSpec`.
@@ -44,12 +47,16 @@ __all__ = [
     "CompressionConfig",
     "GradientCompressor",
     "Int8",
+    "IntSum",
     "NoPruning",
     "NoQuantization",
+    "PowerSGD",
     "QuantizedValues",
     "Quantizer",
     "RandomK",
     "Registry",
+    "SharedRandomK",
+    "SharedTopK",
     "Sign",
     "Sparsifier",
     "StateUpdate",

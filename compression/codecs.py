@@ -7,23 +7,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from globaldl.compression import dgc, fp16, int8, qsgd, randomk, sign, terngrad, threshold, topk
+from globaldl.compression import (
+    dgc,
+    fp16,
+    int8,
+    intsum,
+    powersgd,
+    qsgd,
+    randomk,
+    shared_randomk,
+    shared_topk,
+    sign,
+    terngrad,
+    threshold,
+    topk,
+)
 from globaldl.compression.base import Codec, Registry, TensorInfo, serialize
 from globaldl.compression.compressor import GradientCompressor, StateUpdate, compression_ratio
 from globaldl.compression.config import PRUNE_NAMES, QUANTIZE_NAMES
 from globaldl.compression.dgc import DGC
 from globaldl.compression.fp16 import FP16
 from globaldl.compression.int8 import Int8
+from globaldl.compression.intsum import IntSum
+from globaldl.compression.powersgd import PowerSGD
 from globaldl.compression.qsgd import QSGD
 from globaldl.compression.quantizer import QUANTIZERS, NoQuantization, QuantizedValues, Quantizer
 from globaldl.compression.randomk import RandomK
+from globaldl.compression.shared_randomk import SharedRandomK
+from globaldl.compression.shared_topk import SharedTopK
 from globaldl.compression.sign import Sign
 from globaldl.compression.sparsifier import SPARSIFIERS, NoPruning, Sparsifier
 from globaldl.compression.terngrad import TernGrad
 from globaldl.compression.threshold import Threshold
 from globaldl.compression.topk import TopK
 
-del dgc, fp16, int8, qsgd, randomk, sign, terngrad, threshold, topk  # imported to register
+# imported to register
+del dgc, fp16, int8, intsum, powersgd, qsgd, randomk, shared_randomk, shared_topk, sign, terngrad
+del threshold, topk
 
 
 def get_sparsifier(identifier: str | dict[str, Any] | Sparsifier) -> Sparsifier:
@@ -68,12 +88,16 @@ __all__ = [
     "Codec",
     "GradientCompressor",
     "Int8",
+    "IntSum",
     "NoPruning",
     "NoQuantization",
+    "PowerSGD",
     "QuantizedValues",
     "Quantizer",
     "RandomK",
     "Registry",
+    "SharedRandomK",
+    "SharedTopK",
     "Sign",
     "Sparsifier",
     "StateUpdate",

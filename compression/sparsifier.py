@@ -51,6 +51,12 @@ class Sparsifier(Codec):
       how the gradient, the unsent remainder and an optional momentum combine before
       selection (DGC's momentum correction and momentum factor masking). Set
       ``applies_momentum = True`` to get a momentum buffer.
+    * ``score_priority(score)`` and ``update_score(score, averaged, sent_mask)``, with
+      ``uses_shared_score = True``: selection then ranks a priority computed from a score
+      (``score_rows`` x the pruned entries) every rank holds identically, instead of its own
+      gradient; the compressor updates the score from each step's exchanged average and the
+      positions sent. ``agreed_indices`` sparsifiers get a seed without the rank in it, so
+      their random draws agree too.
 
     Example::
 
@@ -66,6 +72,9 @@ class Sparsifier(Codec):
     sends_everything: ClassVar[bool] = False
     applies_momentum: ClassVar[bool] = False
     uses_warmup: ClassVar[bool] = False
+    uses_shared_score: ClassVar[bool] = False
+    score_rows: ClassVar[int] = 0
+    low_rank: ClassVar[bool] = False  # sends factors, not entries (PowerSGD): two rounds
 
     def select(
         self, magnitudes: tf.Tensor, num_kept: int | tf.Tensor, seed: tf.Tensor
@@ -86,6 +95,16 @@ class Sparsifier(Codec):
     def after_send(self, momentum: tf.Tensor, sent_mask: tf.Tensor) -> tf.Tensor:
         """The momentum after the entries in ``sent_mask`` were sent (default: unchanged)."""
         return momentum
+
+    def score_priority(self, score: tf.Tensor) -> tf.Tensor:
+        """What selection ranks, from the shared score (one value per pruned entry)."""
+        raise NotImplementedError(f"{type(self).__name__} uses no shared score")
+
+    def update_score(
+        self, score: tf.Tensor, averaged: tf.Tensor, sent_mask: tf.Tensor
+    ) -> tf.Tensor:
+        """The shared score after a step that sent ``sent_mask`` and averaged ``averaged``."""
+        raise NotImplementedError(f"{type(self).__name__} uses no shared score")
 
     @classmethod
     def from_compression_config(cls, config: object, num_ranks: int = 1) -> Sparsifier:

@@ -47,7 +47,9 @@ class WireSpec:
         dtype: element type of every payload, e.g. "float32", "uint8", "int64". For SUM it is
             the type the sum is formed in, so it must hold the sum of all ranks' payloads.
         round_bytes: per round of the protocol, the bytes of one rank's payload, or None when
-            that length varies from step to step (then a 4-byte length is exchanged first).
+            that length varies from step to step. GATHER: each rank's may differ, so a 4-byte
+            length is exchanged first. SUM: at any one step every rank's has the same length
+            (allreduce needs it; Horovod checks it), e.g. derived from weight masks all share.
 
     """
 

@@ -16,6 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from globaldl.compression import Combine, WireSpec
+from globaldl.hierarchy import Hierarchy
 
 SUMMABLE_DTYPES = ("uint8", "int8", "int32", "int64", "float16", "float32", "float64")
 """The dtypes Horovod 0.28.1 can allreduce from TensorFlow with Gloo. Gloo itself sums int16
@@ -33,13 +34,14 @@ class WireSpecError(ValueError):
     """A compressor declared something the exchange cannot honour; the message says what."""
 
 
-def check_wire_spec(spec: WireSpec) -> WireSpec:
+def check_wire_spec(spec: WireSpec, hierarchy: str = "none") -> WireSpec:
     """Return ``spec`` if the exchange can move such payloads; raise WireSpecError otherwise.
 
     Refused: an unknown combine; no rounds; a length that is negative or not a whole number
-    of elements; SUM in a dtype Horovod cannot allreduce, or of varying length (payloads of
-    different lengths cannot be added position by position); GATHER over more than one round
-    (a later round would need every rank's earlier payload decoded first).
+    of elements; SUM in a dtype Horovod cannot allreduce; GATHER over more than one round (a
+    later round would need every rank's earlier payload decoded first); GATHER with
+    ``hierarchy="sites"`` (a site leader can forward a sum, not decode and re-encode every
+    member's buffer).
     """
     if not isinstance(spec, WireSpec):
         raise WireSpecError(f"wire spec {spec!r} is not a WireSpec")
@@ -57,11 +59,6 @@ def check_wire_spec(spec: WireSpec) -> WireSpec:
         raise WireSpecError("wire spec round_bytes=() declares no payload at all")
     for number, length in enumerate(spec.round_bytes):
         if length is None:
-            if spec.combine is Combine.SUM:
-                raise WireSpecError(
-                    f"wire spec round {number} is SUM with a varying length: payloads are "
-                    "added position by position, so every rank's must have one fixed length"
-                )
             continue
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise WireSpecError(
@@ -76,6 +73,13 @@ def check_wire_spec(spec: WireSpec) -> WireSpec:
         raise WireSpecError(
             f"wire spec declares GATHER over {spec.rounds} rounds; only SUM payloads may take "
             "more than one round"
+        )
+    if spec.combine is Combine.GATHER and hierarchy != "none":
+        raise WireSpecError(
+            f"hierarchy={hierarchy!r} sums payloads site by site, but this codec's payloads "
+            "are gathered (combine=gather); choose a prune and quantize whose payloads sum "
+            "(e.g. prune none, shared-randomk, shared-topk or powersgd with quantize none, "
+            "fp16 or intsum)"
         )
     return spec
 
@@ -104,17 +108,23 @@ def check_payload(payload: tf.Tensor, spec: WireSpec, round_index: int = 0) -> i
 
 
 def device_tx_bytes_per_step_model(
-    spec: WireSpec, num_ranks: int, payload_bytes_per_step: float
+    spec: WireSpec,
+    num_ranks: int,
+    payload_bytes_per_step: float,
+    hierarchy: Hierarchy | None = None,
 ) -> float:
     """Bytes one device sends per step by the collectives' algorithms (Gloo's rings).
 
     ``payload_bytes_per_step`` is what one rank hands to the collectives per step (all rounds,
     and a varying length's 4 bytes), as measured. A ring allreduce of P bytes sends
     2 (N - 1) / N * P per device (reduce-scatter, then allgather); a ring allgather forwards
-    every other rank's buffer once: (N - 1) * P when all buffers are about P long.
+    every other rank's buffer once: (N - 1) * P when all buffers are about P long. With a
+    site hierarchy it is what a site leader sends, the busiest device (Hierarchy).
     """
     if num_ranks <= 1:
         return 0.0
+    if hierarchy is not None:
+        return hierarchy.leader_tx_bytes(payload_bytes_per_step)
     if spec.combine is Combine.SUM:
         return 2.0 * (num_ranks - 1) / num_ranks * payload_bytes_per_step
     return float(num_ranks - 1) * payload_bytes_per_step
@@ -127,12 +137,20 @@ def dense_device_tx_bytes_per_step_model(raw_bytes_per_step: int, num_ranks: int
     return 2.0 * (num_ranks - 1) / num_ranks * raw_bytes_per_step
 
 
-def collectives_per_step(spec: WireSpec) -> int:
-    """Collectives one device runs per training step for payloads declared by ``spec``."""
+def collectives_per_step(spec: WireSpec, hierarchy: Hierarchy | None = None) -> int:
+    """Collectives one device runs per training step for payloads declared by ``spec``.
+
+    With a site hierarchy, what a site leader runs: per round a sum in its site (if it has
+    company), one among the leaders (if there are several sites), a broadcast in its site.
+    """
     if spec.combine is Combine.GATHER:
         # A varying length travels in its own small allgather first.
         return spec.rounds * (1 if spec.fixed_length else 2)
-    return spec.rounds
+    if hierarchy is None:
+        return spec.rounds
+    in_site = 2 if len(hierarchy.own_site) > 1 else 0
+    wide_area = 1 if len(hierarchy.sites) > 1 else 0
+    return spec.rounds * max(1, in_site + wide_area)
 
 
 @dataclass(frozen=True)
@@ -145,13 +163,46 @@ class Exchanged:
 
 
 class Exchange:
-    """Horovod, initialised once per process; identity of this rank and its collectives."""
+    """Horovod, initialised once per process; identity of this rank and its collectives.
 
-    def __init__(self) -> None:
+    ``dynamic_process_sets`` lets `use_sites` add the site process sets after start-up
+    (Horovod's HOROVOD_DYNAMIC_PROCESS_SETS): which rank sits in which site is only known
+    once every rank has reported its site, i.e. after `hvd.init`.
+    """
+
+    def __init__(self, dynamic_process_sets: bool = False) -> None:
         import horovod.tensorflow as hvd
 
         self._hvd = hvd
-        hvd.init()
+        hvd.init(process_sets="dynamic" if dynamic_process_sets else None)
+        self.hierarchy: Hierarchy | None = None
+        self._site_set: Any = None
+        self._leader_set: Any = None
+
+    def use_sites(self, own_site: str) -> Hierarchy:
+        """Sum SUM payloads site by site from now on (see globaldl.hierarchy); collective.
+
+        Every rank reports its site; each site with more than one rank gets a process set,
+        and so do the leaders when there is more than one site. A set holding every rank is
+        the global set (Horovod refuses a duplicate). Every rank registers the same sets in
+        the same order, as `hvd.add_process_set` requires.
+        """
+        hierarchy = Hierarchy.from_site_names(self.gather_text(own_site, "site_names"), self.rank)
+        everyone = tuple(range(self.size))
+
+        def process_set(ranks: tuple[int, ...]) -> Any:
+            if len(ranks) <= 1:
+                return None
+            if ranks == everyone:
+                return self._hvd.global_process_set
+            return self._hvd.add_process_set(list(ranks))
+
+        site_sets = {site: process_set(site) for site in hierarchy.sites}
+        self._site_set = site_sets[hierarchy.own_site]
+        leader_set = process_set(hierarchy.leaders)
+        self._leader_set = leader_set if hierarchy.is_leader else None
+        self.hierarchy = hierarchy
+        return hierarchy
 
     @property
     def rank(self) -> int:
@@ -172,6 +223,25 @@ class Exchange:
     def local_size(self) -> int:
         """Number of workers on this worker's host."""
         return int(self._hvd.local_size())
+
+    def _sum_by_site(self, payload: tf.Tensor, name: str) -> tf.Tensor:
+        """Sum in the site, then among the leaders, then back to the site (three collectives)."""
+        hvd, hierarchy = self._hvd, self.hierarchy
+        assert hierarchy is not None
+        summed = payload
+        if self._site_set is not None:
+            summed = hvd.allreduce(
+                summed, op=hvd.Sum, name=f"{name}_site", process_set=self._site_set
+            )
+        if self._leader_set is not None:
+            summed = hvd.allreduce(
+                summed, op=hvd.Sum, name=f"{name}_leaders", process_set=self._leader_set
+            )
+        if self._site_set is not None:
+            summed = hvd.broadcast(
+                summed, root_rank=hierarchy.leader, name=f"{name}_back", process_set=self._site_set
+            )
+        return summed
 
     def broadcast_variables(self, variables: list[tf.Variable], root_rank: int = 0) -> None:
         """Overwrite every rank's variables with the root's (initial state, resumed state)."""
@@ -206,7 +276,9 @@ class Exchange:
         gathered = self._hvd.allgather(own, name=name).numpy().reshape(self.size, max_bytes)
         return [row.tobytes().rstrip(b"\0").decode(errors="replace") for row in gathered]
 
-    def exchange_payload(self, payload: tf.Tensor, spec: WireSpec) -> Exchanged:
+    def exchange_payload(
+        self, payload: tf.Tensor, spec: WireSpec, round_index: int = 0
+    ) -> Exchanged:
         """Run one round's gradient collective, as ``spec`` declares it; traced in the step.
 
         SUM payloads are summed by allreduce, in their declared dtype. GATHER payloads are one
@@ -214,11 +286,19 @@ class Exchange:
         per-rank lengths travel in a second, 4-byte allgather first, and those bytes are
         counted on the wire too.
         """
-        round_bytes = check_payload(payload, spec)
+        round_bytes = check_payload(payload, spec, round_index)
         wire_bytes = tf.cast(tf.size(payload), tf.int64) * payload.dtype.size
         if spec.combine is Combine.SUM:
-            summed = self._hvd.allreduce(payload, op=self._hvd.Sum, name="gradients")
+            if self.hierarchy is not None:
+                check_wire_spec(spec, "sites")
+                summed = self._sum_by_site(payload, f"gradients_round{round_index}")
+            else:
+                summed = self._hvd.allreduce(
+                    payload, op=self._hvd.Sum, name=f"gradients_round{round_index}"
+                )
             return Exchanged(summed, tf.zeros([0], tf.int32), wire_bytes)
+        if self.hierarchy is not None:
+            check_wire_spec(spec, "sites")
         if round_bytes is not None:
             elements = round_bytes // spec.element_bytes
             lengths = tf.fill([self.size], tf.constant(elements, tf.int32))

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from globaldl.compression.config import CompressionConfig
+from globaldl.sites import SiteMapError, load_site_map
 
 ENV_PREFIX = "GLOBALDL_"
 
@@ -35,6 +36,7 @@ RESNET_DEPTHS: tuple[int, ...] = (8, 14, 20, 32)
 DATASET_NAMES: tuple[str, ...] = ("mnist", "digits", "cifar-synthetic", "moving-mnist")
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam")
 BALANCE_NAMES: tuple[str, ...] = ("equal", "speed")
+HIERARCHY_NAMES: tuple[str, ...] = ("none", "sites")
 
 
 class SettingsError(ValueError):
@@ -73,6 +75,9 @@ class TrainSettings:
     metrics_keyfile: Path | None = None
     metrics_basic_auth_file: Path | None = None
     device: str | None = None
+    # The exchange: flat, or summed site by site (a site map names the sites' hosts).
+    hierarchy: str = "none"
+    sites_file: Path | None = None
     # Work per device: equal local batches, or in proportion to measured speed.
     balance: str = "equal"
     # Elastic membership (Horovod Elastic): commit the training state every K steps.
@@ -88,6 +93,7 @@ class TrainSettings:
         _check_choice("dataset", self.dataset, DATASET_NAMES)
         _check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
         _check_choice("balance", self.balance, BALANCE_NAMES)
+        _check_choice("hierarchy", self.hierarchy, HIERARCHY_NAMES)
         if self.model == "resnet":
             _check_choice("depth", self.depth, RESNET_DEPTHS)
         _check_at_least("layers", self.layers, 1)
@@ -142,6 +148,22 @@ class TrainSettings:
                 f"prune 'dgc' needs optimizer 'sgd', not {self.optimizer!r}: DGC applies momentum "
                 "correction itself and feeds plain SGD"
             )
+        if self.hierarchy == "sites":
+            if self.sites_file is None:
+                raise SettingsError(
+                    "hierarchy 'sites' needs sites_file (--sites-file or GLOBALDL_SITES_FILE): "
+                    "a YAML map `sites: {SITE: [HOST, ...]}`"
+                )
+            if self.elastic:
+                raise SettingsError(
+                    "hierarchy 'sites' and elastic cannot be combined yet: the site process "
+                    "sets are built once, for a fixed set of devices"
+                )
+        if self.sites_file is not None:
+            try:
+                load_site_map(self.sites_file)  # a bad map fails now, not on every device
+            except SiteMapError as error:
+                raise SettingsError(str(error)) from None
         if self.resume and self.checkpoint_dir is None:
             raise SettingsError("resume needs checkpoint_dir: there is nowhere to resume from")
 

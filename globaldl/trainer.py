@@ -36,6 +36,7 @@ from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.pipelines import InputPipeline, make_pipeline
 from globaldl.settings import TrainSettings
+from globaldl.sites import load_site_map, own_names
 from globaldl.step import CORRECT, LOSS, SKIPPED, WIRE_BYTES, StepParts, build_train_step
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class Trainer:
     ) -> None:
         self.settings = settings
         self.phase_timing = phase_timing
-        self.exchange = exchange or Exchange()
+        self.exchange = exchange or Exchange(dynamic_process_sets=settings.hierarchy == "sites")
         _configure_threads(self.exchange.local_size)
         self.rank, self.size = self.exchange.rank, self.exchange.size
         self.device = settings.device or socket.gethostname()
@@ -148,17 +149,31 @@ class Trainer:
             rank=self.rank,
             num_ranks=self.size,
         )
-        self.wire_spec = check_wire_spec(self.compressor.wire_spec)
+        self.wire_spec = check_wire_spec(self.compressor.wire_spec, settings.hierarchy)
+        if settings.hierarchy == "sites" and self.exchange.hierarchy is None:
+            assert settings.sites_file is not None
+            site = load_site_map(settings.sites_file).site_of(own_names())
+            self.exchange.use_sites(site)
         self.learning_rate = settings.learning_rate * (self.size if settings.scale_lr else 1)
         self.optimizer = _make_optimizer(settings, self.learning_rate, self.compressor)
         self.optimizer.build(self.variables)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.shared_state = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, step=self.step, epoch=self.epoch
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.step,
+            epoch=self.epoch,
+            **{
+                f"compressor_{index}": v
+                for index, v in enumerate(self.compressor.shared_state_variables)
+            },
         )
         self.local_state = tf.train.Checkpoint(
-            **{f"compressor_{index}": v for index, v in enumerate(self.compressor.state_variables)}
+            **{
+                f"compressor_{index}": v
+                for index, v in enumerate(self.compressor.local_state_variables)
+            }
         )
         self._train_step = self._build_train_step()
 
@@ -261,6 +276,7 @@ class Trainer:
         shared = [
             *self.model.variables,
             *optimizer_variables(self.optimizer),
+            *self.compressor.shared_state_variables,
             self.step,
             self.epoch,
         ]
@@ -293,7 +309,7 @@ class Trainer:
         assert directory is not None
         self.epoch.assign(epoch)
         metadata = {"step": int(self.step.numpy()), "ranks": self.size}
-        if self.compressor.state_variables:
+        if self.compressor.local_state_variables:
             checkpoint.save(
                 checkpoint.rank_dir(directory, self.rank), epoch, self.local_state, metadata
             )
@@ -434,14 +450,16 @@ class Trainer:
         """Which collective ran, read from the compressor's wire declaration."""
         return {
             "combine": self.wire_spec.combine.value,
-            "collectives_per_step": collectives_per_step(self.wire_spec),
-            "hierarchy": "none",
+            "collectives_per_step": collectives_per_step(self.wire_spec, self.exchange.hierarchy),
+            "hierarchy": self.settings.hierarchy,
         }
 
     def _traffic_summary(self, totals: RunTotals) -> dict[str, Any]:
         """Per-device bytes per step by the collectives' algorithms, against dense fp32."""
         payload_bytes = totals.gradient_bytes_wire / max(totals.steps, 1)
-        modelled = device_tx_bytes_per_step_model(self.wire_spec, self.size, payload_bytes)
+        modelled = device_tx_bytes_per_step_model(
+            self.wire_spec, self.size, payload_bytes, self.exchange.hierarchy
+        )
         dense = dense_device_tx_bytes_per_step_model(self.compressor.raw_bytes_per_step, self.size)
         return {
             "device_tx_bytes_per_step_model": modelled,

@@ -28,7 +28,6 @@ from globaldl.exchange import (
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (WireSpec(Combine.SUM, "float32", (None,)), "SUM with a varying length"),
         (WireSpec(Combine.SUM, "int16", (64,)), "dtype='int16' cannot be summed"),
         (WireSpec(Combine.SUM, "bool", (8,)), "dtype='bool' cannot be summed"),
         (WireSpec(Combine.GATHER, "uint8", (10, 10)), "GATHER over 2 rounds"),
@@ -53,7 +52,12 @@ def test_a_payload_that_breaks_its_declaration_is_refused_when_traced() -> None:
 
 
 @pytest.mark.parametrize(
-    ("prune", "quantize"), list(itertools.product(PRUNE_NAMES, QUANTIZE_NAMES))
+    ("prune", "quantize"),
+    [
+        (prune, quantize)
+        for prune, quantize in itertools.product(PRUNE_NAMES, QUANTIZE_NAMES)
+        if quantize != "intsum" or prune.startswith("shared") or prune == "none"
+    ],
 )
 def test_every_codec_declares_what_its_payload_is(prune: str, quantize: str) -> None:
     variables = [tf.Variable(tf.zeros([60, 40])), tf.Variable(tf.zeros([7]))]
