@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import tensorflow as tf
 
 from globaldl.compression import (
-    PRUNE_NAMES,
-    QUANTIZE_NAMES,
     Combine,
     CompressionConfig,
     GradientCompressor,
@@ -54,9 +50,12 @@ def test_a_payload_that_breaks_its_declaration_is_refused_when_traced() -> None:
 @pytest.mark.parametrize(
     ("prune", "quantize"),
     [
-        (prune, quantize)
-        for prune, quantize in itertools.product(PRUNE_NAMES, QUANTIZE_NAMES)
-        if quantize != "intsum" or prune.startswith("shared") or prune == "none"
+        ("none", "none"),
+        ("none", "fp16"),
+        ("topk", "int8"),
+        ("threshold", "sign"),  # a length that varies
+        ("shared-topk", "intsum"),
+        ("powersgd", "fp16"),
     ],
 )
 def test_every_codec_declares_what_its_payload_is(prune: str, quantize: str) -> None:

@@ -20,11 +20,19 @@ SHAPES = [(40, 30), (3, 3, 8, 16), (16,), (), (0,), (5, 7)]  # two pruned, four 
 RANKS = 3
 AGREED = ("none", "shared-randomk", "shared-topk")  # every rank sends the same positions
 SUMMABLE = ("none", "fp16", "intsum")
-PAIRS = [
-    (prune, quantize)
-    for prune, quantize in itertools.product(PRUNE_NAMES, QUANTIZE_NAMES)
-    if quantize != "intsum" or prune in AGREED
-]
+# Every gathered pair, every summed pair, and one gathered pair with agreed positions
+# (powersgd takes two rounds: test_powersgd.py; intsum needs agreed positions).
+PAIRS = list(
+    dict.fromkeys(
+        [
+            *itertools.product(("none", "topk", "randomk", "threshold", "dgc"), QUANTIZE_NAMES[:6]),
+            *itertools.product(AGREED, ("none", "fp16", "intsum")),
+            ("shared-randomk", "int8"),
+        ]
+    )
+)
+assert set(QUANTIZE_NAMES[:6]) == {"none", "fp16", "int8", "qsgd", "terngrad", "sign"}
+assert {p for p, _ in PAIRS} | {"powersgd"} == set(PRUNE_NAMES)
 
 
 def make_compressors(config: CompressionConfig, ranks: int = RANKS, shapes=SHAPES):
