@@ -23,7 +23,7 @@ from globaldl.compression import (
     topk,
 )
 from globaldl.compression.base import Codec, Registry, TensorInfo, serialize
-from globaldl.compression.compressor import GradientCompressor, StateUpdate, compression_ratio
+from globaldl.compression.compressor import GradientCompressor, compression_ratio
 from globaldl.compression.config import PRUNE_NAMES, QUANTIZE_NAMES
 from globaldl.compression.dgc import DGC
 from globaldl.compression.fp16 import FP16
@@ -37,6 +37,7 @@ from globaldl.compression.shared_randomk import SharedRandomK
 from globaldl.compression.shared_topk import SharedTopK
 from globaldl.compression.sign import Sign
 from globaldl.compression.sparsifier import SPARSIFIERS, NoPruning, Sparsifier
+from globaldl.compression.state import StateUpdate
 from globaldl.compression.terngrad import TernGrad
 from globaldl.compression.threshold import Threshold
 from globaldl.compression.topk import TopK

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import tensorflow as tf
 
@@ -15,6 +15,7 @@ from globaldl.compression.powersgd import LowRankPath
 from globaldl.compression.quantizer import QUANTIZERS, Quantizer
 from globaldl.compression.selection import fold_seed, select_positions
 from globaldl.compression.sparsifier import SPARSIFIERS, Sparsifier
+from globaldl.compression.state import LOCAL_STATE, CompressorState, StateUpdate
 from globaldl.compression.sum_path import SumPath
 from globaldl.compression.weight_pruning import WeightPruning
 from globaldl.compression.wire_spec import Combine, WireSpec
@@ -23,28 +24,13 @@ SELECT_SALT = 1
 SHARED_STREAM = -1
 """Stands in for the rank in the seed of draws every rank must make alike."""
 
-LOCAL_STATE = ("residual", "momentum")
-"""State each rank keeps for itself; the rest (scales, scores, weight masks) is shared."""
-
 # Every branch and loop here is on static Python values (tf.cond where a tensor decides), so
 # AutoGraph has nothing to convert; skipping it makes tracing the trainer's step much faster.
 _plain_python = tf.autograph.experimental.do_not_convert
 
 
-class StateUpdate(NamedTuple):
-    """New values for ``GradientCompressor.step_state_variables``, in that order, and a carry.
-
-    ``carry`` holds what a later call of the same step needs (the positions a summed payload
-    used). A NamedTuple of tensors, so it can be returned from (or passed into) a
-    ``tf.function``.
-    """
-
-    values: tuple[tf.Tensor, ...]
-    carry: tuple[tf.Tensor, ...] = ()
-
-
 class GradientCompressor:
-    """Compresses ALL gradients of a model into ONE payload per step (one collective per step).
+    """Compresses ALL gradients of a model into ONE payload per round (one collective each).
 
     Per step, on every rank::
 
@@ -207,15 +193,12 @@ class GradientCompressor:
                 trainable=False,
                 name="compression_score",
             )
-        self._state = state
         masks = self.weight_pruning.mask_variables if self.weight_pruning else []
-        self.step_state_variables: list[tf.Variable] = list(state.values())
-        self.local_state_variables = [v for k, v in state.items() if k in LOCAL_STATE]
-        self.shared_state_variables = [
-            *(v for k, v in state.items() if k not in LOCAL_STATE),
-            *masks,
-        ]
-        self.state_variables = self.local_state_variables + self.shared_state_variables
+        self.state = CompressorState(state, masks)
+        self.step_state_variables: list[tf.Variable] = self.state.step_variables
+        self.local_state_variables: list[tf.Variable] = self.state.local
+        self.shared_state_variables: list[tf.Variable] = self.state.shared
+        self.state_variables: list[tf.Variable] = self.state.everything
 
     # ----------------------------------------------------------------- layout, for callers
     @property
@@ -270,7 +253,7 @@ class GradientCompressor:
         if len(gradients) != len(self.variables):
             raise ValueError(f"got {len(gradients)} gradients for {len(self.variables)} variables")
         step = tf.cast(step, tf.int64)
-        state = {name: tf.convert_to_tensor(v) for name, v in self._state.items()}
+        state = self.state.read()
         gradient, nonfinite = self.layout.flatten(gradients)
         keep = self.layout.keep_mask()
         accumulated, new_momentum = self.sparsifier.accumulate(
@@ -287,8 +270,7 @@ class GradientCompressor:
             payload, dense_sent = self.low_rank_path.encode_first(
                 accumulated, nonfinite, state["basis"]
             )
-            values = tuple(state[name] for name in self._state)
-            return payload, StateUpdate(values, (accumulated, dense_sent, nonfinite))
+            return payload, self.state.update(state, (accumulated, dense_sent, nonfinite))
 
         seed = self._seed(step, self.rank)
         selection_seed = self._seed(step, SHARED_STREAM) if self.sparsifier.agreed_indices else seed
@@ -298,7 +280,7 @@ class GradientCompressor:
         positions = select_positions(
             self.sparsifier,
             self.layout,
-            self.sparsifier.score_priority(state["score"]) if "score" in state else accumulated,
+            self._shared_priority(state["score"]) if "score" in state else accumulated,
             keep,
             density,
             fold_seed(selection_seed, SELECT_SALT),
@@ -321,8 +303,18 @@ class GradientCompressor:
         for name in LOCAL_STATE:
             if name in state:
                 new_state[name] = tf.where(nonfinite, state[name], new_state[name])
-        return encoded.payload, StateUpdate(
-            tuple(new_state[name] for name in self._state), (positions,)
+        return encoded.payload, self.state.update(new_state, (positions,))
+
+    def _shared_priority(self, score: tf.Tensor) -> tf.Tensor:
+        """What shared selection ranks, tensor by tensor, from the shared score."""
+        if not self.sparse_infos:
+            return tf.zeros([0])
+        return tf.concat(
+            [
+                self.sparsifier.score_priority(score[:, info.offset : info.offset + info.size])
+                for info in self.sparse_infos
+            ],
+            axis=0,
         )
 
     def _seed(self, step: tf.Tensor, stream: int) -> tf.Tensor:
@@ -350,12 +342,11 @@ class GradientCompressor:
         payload, p_hat, q_sent, dense_sum, any_nonfinite = path.encode_second(
             exchanged, accumulated, num_ranks
         )
-        new_state = dict(zip(self._state, update.values, strict=True))
+        new_state = self.state.named(update)
         if "residual" in new_state:
             residual = accumulated - path.sent(p_hat, q_sent, dense_sent)
             new_state["residual"] = tf.where(nonfinite, new_state["residual"], residual)
-        values = tuple(new_state[name] for name in self._state)
-        return payload, StateUpdate(values, (p_hat, dense_sum, any_nonfinite))
+        return payload, self.state.update(new_state, (p_hat, dense_sum, any_nonfinite))
 
     # ------------------------------------------------------------------------------- decompress
     @_plain_python
@@ -384,9 +375,7 @@ class GradientCompressor:
                 raise ValueError("PowerSGD decodes its second round with next_round's StateUpdate")
             p_hat, dense_sum, any_nonfinite = update.carry
             summed, basis = self.low_rank_path.decode(exchanged, p_hat, dense_sum, num_ranks)
-            new_state = dict(zip(self._state, update.values, strict=True))
-            new_state["basis"] = basis
-            update = update._replace(values=tuple(new_state[name] for name in self._state))
+            update = self.state.replace(update, basis=basis)
             averaged = summed / tf.cast(num_ranks, tf.float32)
             return self.unflatten(averaged), any_nonfinite, update
         if update is None and self.sparse_infos:
@@ -395,23 +384,21 @@ class GradientCompressor:
                 "call decompress_update with compress's StateUpdate"
             )
         positions = update.carry[0] if update is not None else tf.zeros([0], tf.int32)
-        scales = tf.convert_to_tensor(self._state["scales"]) if "scales" in self._state else None
+        scales = self.state.read()["scales"] if "scales" in self.state else None
         summed, decoded = self.sum_path.decode(exchanged, positions, num_ranks, scales)  # type: ignore[union-attr]
         averaged = summed / tf.cast(num_ranks, tf.float32)
         if update is not None:
-            new_state = dict(zip(self._state, update.values, strict=True))
-            if decoded.scales is not None:
-                new_state["scales"] = decoded.scales
-            if "score" in new_state:
+            decided = {} if decoded.scales is None else {"scales": decoded.scales}
+            if "score" in self.state:
                 sent_mask = tf.scatter_nd(
                     positions[:, tf.newaxis],
                     tf.ones_like(positions, tf.bool),
                     [self.sparse_elements],
                 )
-                new_state["score"] = self.sparsifier.update_score(
-                    new_state["score"], averaged[: self.sparse_elements], sent_mask
+                decided["score"] = self.sparsifier.update_score(
+                    self.state.named(update)["score"], averaged[: self.sparse_elements], sent_mask
                 )
-            update = update._replace(values=tuple(new_state[name] for name in self._state))
+            update = self.state.replace(update, **decided)
         return self.unflatten(averaged), decoded.any_nonfinite, update
 
     @_plain_python
@@ -434,13 +421,7 @@ class GradientCompressor:
     @_plain_python
     def apply_state(self, update: StateUpdate) -> None:
         """Assign the state a (successful) step leaves: residuals, momenta, shared scales."""
-        if len(update.values) != len(self.step_state_variables):
-            raise ValueError(
-                f"StateUpdate has {len(update.values)} values for "
-                f"{len(self.step_state_variables)} state variables"
-            )
-        for variable, value in zip(self.step_state_variables, update.values, strict=True):
-            variable.assign(value)
+        self.state.apply(update)
 
     @_plain_python
     def wire_bytes(self, payload: tf.Tensor) -> tf.Tensor:

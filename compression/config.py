@@ -83,7 +83,7 @@ class CompressionConfig:
     min_sample_elements: int = 16384
     seed: int = 0
     sum_bits: int = 8
-    explore_fraction: float = 0.5
+    explore_fraction: float = 0.1
     powersgd_rank: int = 2
 
     def __post_init__(self) -> None:

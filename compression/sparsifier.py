@@ -97,7 +97,7 @@ class Sparsifier(Codec):
         return momentum
 
     def score_priority(self, score: tf.Tensor) -> tf.Tensor:
-        """What selection ranks, from the shared score (one value per pruned entry)."""
+        """What selection ranks in one tensor, from its part of the shared score."""
         raise NotImplementedError(f"{type(self).__name__} uses no shared score")
 
     def update_score(

@@ -131,7 +131,7 @@ def train(
         float | None,
         typer.Option(
             help="shared-topk: share of k drawn at random instead of from the shared score "
-            "[default: 0.5]."
+            "[default: 0.1]."
         ),
     ] = None,
     powersgd_rank: Annotated[
