@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from globaldl.summary import write_json_atomically
+from globaldl.files import write_json_atomically, write_text_atomically
 
 
 def machine_description() -> dict[str, Any]:
@@ -92,16 +91,5 @@ def write_results(
     if notes:
         text += "\n" + notes.strip() + "\n"
     md_path = out_dir / f"{name}.md"
-    _write_text_atomically(md_path, text)
+    write_text_atomically(md_path, text)
     return json_path, md_path
-
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -537,7 +537,7 @@ def report(
 def write_targets_summary(out: Path, reports: list[ExperimentReport], command: str) -> Path:
     """OUT/targets.md: every experiment's goals, met or not, in one table."""
     from globaldl.bench.results import markdown_table
-    from globaldl.monitoring.files import write_text_atomically
+    from globaldl.files import write_text_atomically
 
     rows = [
         {"experiment": report.name, **check.as_row()}

@@ -449,7 +449,7 @@ def _utc_stamp() -> str:
 
 
 def _write_json(path: Path, document: Any) -> None:
-    from globaldl.summary import write_json_atomically
+    from globaldl.files import write_json_atomically
 
     write_json_atomically(path, document)
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from globaldl.files import write_json_atomically, write_text_atomically
 from globaldl.fleet.accounting import ByteAccounting, account_bytes
 from globaldl.fleet.fleet import Fleet, read_interface_counters
 from globaldl.fleet.sshd import SSH_PORT
 from globaldl.fleet.state import DeviceState
-from globaldl.fleet.system import write_atomically
 
 BIN = Path(sys.executable).parent
 DEFAULT_RUNS_DIR = Path("runs/fleet")
@@ -73,7 +73,7 @@ class ElasticOptions:
 def discovery_script(state_dir: Path) -> Path:
     """Write the fleet's Horovod Elastic host-discovery script (live devices, ADDR:1 each)."""
     path = Path(state_dir) / "discover-hosts.sh"
-    write_atomically(
+    write_text_atomically(
         path,
         "#!/bin/sh\n"
         "# Live devices of this fleet, one ADDR:1 line each (Horovod Elastic host discovery).\n"
@@ -262,7 +262,7 @@ def run_on_fleet(
             counters_before, counters_after, json.loads(summary_path.read_text()), seconds
         )
         accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
-        write_atomically(accounting_path, json.dumps(accounting.to_dict(), indent=2) + "\n")
+        write_json_atomically(accounting_path, accounting.to_dict())
     return FleetRunResult(
         argv=argv,
         returncode=returncode,

@@ -8,8 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from globaldl.files import write_text_atomically
 from globaldl.fleet.cgroups import join_groups
-from globaldl.fleet.system import process_start_ticks, run, write_atomically
+from globaldl.fleet.system import process_start_ticks, run
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 22
@@ -180,5 +181,5 @@ def forget_host_keys(known_hosts: Path, public_keys: list[str]) -> int:
     kept = [line for line in lines if " ".join(line.split()[1:3]) not in ours]
     removed = len(lines) - len(kept)
     if removed:
-        write_atomically(known_hosts, "".join(kept), mode=known_hosts.stat().st_mode & 0o777)
+        write_text_atomically(known_hosts, "".join(kept), mode=known_hosts.stat().st_mode & 0o777)
     return removed

@@ -251,7 +251,7 @@ def test_run_results_round_trip_and_report_rebuilds_the_tables_without_a_fleet(
 
     from globaldl.cli.experiment import app
     from globaldl.experiments import RunResult
-    from globaldl.summary import write_json_atomically
+    from globaldl.files import write_json_atomically
 
     plan = BottleneckExperiment(quick=True).plan()
     for spec in plan[:3]:  # the fourth run never finished
