@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from globaldl.cli.errors import user_errors
 from globaldl.fleet import launcher
-from globaldl.fleet.fleet import Fleet, FleetError
+from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.measure import measure_throughput
 from globaldl.fleet.plan import DEFAULT_MEMORY_MB, DEFAULT_PREFIX, DEFAULT_SUBNET, plan_fleet
 from globaldl.fleet.profiles import DEFAULT_PROFILES_PATH, device_profiles, load_profiles
@@ -35,28 +34,8 @@ StateDir = Annotated[
 ]
 
 
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Bad input or a refused system operation -> one line on stderr and exit code 2.
-
-    Same contract as globaldl.cli.errors.user_errors, without importing it: that module pulls
-    in TensorFlow (through globaldl.checkpoint), which would make `fleet hosts` (run by Horovod
-    Elastic every few seconds) take seconds of CPU instead of milliseconds.
-    """
-    try:
-        yield
-    except (ValueError, OSError) as error:
-        typer.echo(f"globaldl: error: {error}", err=True)
-        raise typer.Exit(code=2) from None
-
-
 def _echo_err(message: str) -> None:
     typer.echo(message, err=True)
-
-
-def _fail(error: Exception) -> None:
-    typer.echo(f"globaldl: error: {error}", err=True)
-    raise typer.Exit(code=1)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -143,10 +122,7 @@ def up(
         )
         # A `kill` during up must still roll back.
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-        try:
-            state = Fleet(state_dir).up(plan, latency=latency, log=_echo_err)
-        except FleetError as error:
-            _fail(error)
+        state = Fleet(state_dir).up(plan, latency=latency, log=_echo_err)
     latency = "emulated" if state.latency_emulated else "NOT emulated (rates only)"
     if not any(d.profile.needs_netem for d in state.devices):
         latency = "none asked for"
@@ -168,10 +144,7 @@ def up(
 def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Remove everything the fleet created; safe to run twice."""
     with user_errors():
-        try:
-            removed = Fleet(state_dir).down(log=_echo_err)
-        except FleetError as error:
-            _fail(error)
+        removed = Fleet(state_dir).down(log=_echo_err)
     typer.echo(
         "fleet down: removed"
         if removed
@@ -258,11 +231,9 @@ def revive(
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Bring a killed device back: link up, sshd started, login checked."""
-    with user_errors():
-        try:
-            Fleet(state_dir).revive(device)
-        except RuntimeError as error:
-            _fail(error)
+    # A device whose sshd will not start or answer is refused by the system (exit 1).
+    with user_errors(refused=(RuntimeError,)):
+        Fleet(state_dir).revive(device)
     typer.echo(f"{device}: up")
 
 
