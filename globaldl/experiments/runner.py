@@ -40,6 +40,7 @@ from globaldl.fleet.profiles import (
     device_profiles,
     load_profiles,
 )
+from globaldl.fleet.request import TrainRequest
 from globaldl.fleet.state import DEFAULT_STATE_DIR
 
 DEFAULT_EXPERIMENT_STATE_DIR = Path("/run/globaldl-experiments")
@@ -281,9 +282,12 @@ class ExperimentRunner:
         summary_path = (run_dir / "summary.json").resolve()
         run_id = slug(f"{spec.experiment}-{spec.label}-{_utc_stamp()}")
         cycle_time_ms = self.cycle_time_ms(spec)
-        train_args = [*spec.train_args, "--run-id", run_id, "--summary", str(summary_path)]
-        if spec.scrape_metrics:
-            train_args += ["--metrics-port", str(self.metrics_port)]
+        request = TrainRequest(
+            train_args=spec.train_args,
+            run_id=run_id,
+            summary_path=summary_path,
+            metrics_port=self.metrics_port if spec.scrape_metrics else None,
+        )
         argv = [
             sys.executable,
             "-m",
@@ -295,11 +299,16 @@ class ExperimentRunner:
             f"{spec.timeout_seconds:g}",
             "--start-timeout-seconds",
             str(START_TIMEOUT_SECONDS),
+            "--run-id",
+            request.run_id,
+            "--summary",
+            str(request.summary_path),
         ]
-        if spec.scrape_metrics:
+        if request.metrics_port is not None:
             # Prometheus file-SD targets of the run go into the run's folder, not runs/.
+            argv += ["--metrics-port", str(request.metrics_port)]
             argv += ["--prometheus-dir", str(run_dir / "prometheus")]
-        argv += [*spec.fleet_run_args, "--", *train_args]
+        argv += [*spec.fleet_run_args, "--", *spec.train_args]
         result = RunResult(
             spec=spec,
             status="running",
@@ -307,7 +316,7 @@ class ExperimentRunner:
             run_dir=run_dir,
             cycle_time_ms=cycle_time_ms,
             link=self.link_of(spec.fleet),
-            train_command=shlex.join(["globaldl", "train", *train_args]),
+            train_command=request.command_line(),
             fleet_command=(
                 f"HOROVOD_CYCLE_TIME={cycle_time_ms:g} "
                 + shlex.join(["globaldl", "fleet", *argv[argv.index("run") :]])
