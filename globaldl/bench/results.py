@@ -69,8 +69,13 @@ def write_results(
     command: str = "",
     columns: Sequence[str] | None = None,
     extra: Mapping[str, Any] | None = None,
+    markdown_rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[Path, Path]:
-    """Write `name`.json and `name`.md into `out_dir` (atomically); return both paths."""
+    """Write `name`.json and `name`.md into `out_dir` (atomically); return both paths.
+
+    The markdown table shows `markdown_rows` when given (e.g. values with their ranges as
+    text), else `rows`; the JSON always holds `rows`.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_description()
@@ -87,7 +92,8 @@ def write_results(
     text = f"# {title}\n\n"
     if command:
         text += f"Measured with `{command}`\n\n"
-    text += f"Machine: {machine_line}.\n\n" + markdown_table(rows, columns)
+    shown = rows if markdown_rows is None else markdown_rows
+    text += f"Machine: {machine_line}.\n\n" + markdown_table(shown, columns)
     if notes:
         text += "\n" + notes.strip() + "\n"
     md_path = out_dir / f"{name}.md"

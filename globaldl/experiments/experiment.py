@@ -1,4 +1,11 @@
-"""The Experiment base class, and `run_experiment`: plan -> fleet runs -> CSV, tables, plots."""
+"""The Experiment base class, and `run_experiment`: plan -> repeated fleet runs -> tables, plots.
+
+Outputs of an experiment NAME in its folder: `NAME.csv` (one row per run label: medians over
+the repeats, with `<column>_min`/`<column>_max` where repeats differ), `NAME-runs.csv` (one
+row per run, repeats and machine load included), `NAME.md` (the table as `median [min-max]`,
+the targets evaluated on medians, the protocol and the load of every run), `NAME.json`
+(everything, each run's summary included) and the PNG plots.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from globaldl.experiments.aggregate import MIN_REPEATS, aggregate_rows, presented
 from globaldl.experiments.analysis import (
     TargetCheck,
     device_tx_bytes_per_step,
@@ -21,7 +29,8 @@ from globaldl.experiments.cycle_time import (
     MAX_COORDINATION_SHARE,
 )
 from globaldl.experiments.outputs import write_csv
-from globaldl.experiments.runner import ExperimentRunner, RunResult, load_results
+from globaldl.experiments.results import RunResult, load_results, portable
+from globaldl.experiments.runner import ExperimentRunner
 from globaldl.experiments.spec import RunSpec
 
 
@@ -30,11 +39,16 @@ class Experiment:
 
     A subclass sets `name` and `title` and overrides:
 
-    * `plan()`: every run (a list of RunSpec), runs that share a fleet next to each other;
-    * `rows(results)`: the table rows (by default one per run, see `run_row`);
-    * `columns`: the markdown table's columns (the CSV gets every column);
-    * `plots(rows, results, out_dir)`: the PNG files it draws (optional);
-    * `targets(rows, results)`: the goals it checks, as TargetChecks (optional);
+    * `plan()`: the runs of ONE repeat (a list of RunSpec), runs that share a fleet next to
+      each other; the runner repeats the plan (interleaved) and records the machine's load;
+    * `rows(results)`: one row per run, repeats included (by default `run_row`);
+    * `aggregate(rows)`: the table rows, one per label (by default the median of each
+      measured column over the finished repeats, with its min-max; see aggregate.py);
+    * `columns`: the markdown table's columns (the CSVs get every column);
+    * `plots(rows, results, out_dir)`: the PNG files it draws from the aggregated rows
+      (optional; `row_spread` gives a median with its range for error bars);
+    * `targets(rows, results)`: the goals it checks on the aggregated rows, i.e. on medians,
+      as TargetChecks (optional);
     * `method()`: how the runs are built, in markdown (optional).
 
     Example:
@@ -56,12 +70,16 @@ class Experiment:
         self.cycle_time_ms = cycle_time_ms
 
     def plan(self) -> list[RunSpec]:
-        """Every run of the experiment, in order."""
+        """The runs of one repeat of the experiment, in order."""
         raise NotImplementedError
 
     def rows(self, results: Sequence[RunResult]) -> list[dict[str, Any]]:
-        """Table rows: one per run by default."""
+        """One row per run (repeats included)."""
         return [run_row(result) for result in results]
+
+    def aggregate(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The table: one row per label, medians with their min-max over the repeats."""
+        return aggregate_rows(rows)
 
     def plots(
         self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult], out_dir: Path
@@ -95,7 +113,7 @@ class Experiment:
 def run_row(result: RunResult) -> dict[str, Any]:
     """The columns every run has: its factors, fleet, outcome and exact commands."""
     spec, summary = result.spec, result.summary
-    row: dict[str, Any] = {"label": spec.label, **spec.factors}
+    row: dict[str, Any] = {"label": spec.label, **spec.factors, "repeat": result.repeat}
     row.update(
         {
             "status": result.status,
@@ -128,9 +146,44 @@ def run_row(result: RunResult) -> dict[str, Any]:
     if result.accounting is not None:
         row["coordination_tx_bytes_per_second"] = result.accounting.get("extra_tx_bytes_per_second")
     row["run_seconds"] = result.run_seconds
-    row["train_command"] = result.train_command
-    row["fleet_command"] = result.fleet_command
+    row.update(load_columns(result))
+    row["train_command"] = portable(result.train_command)
+    row["fleet_command"] = portable(result.fleet_command)
     return row
+
+
+LOAD_COLUMNS = (
+    "label",
+    "repeat",
+    "status",
+    "outside_cpu_cores",
+    "outside_cpu_cores_peak",
+    "emulation_cpu_cores",
+    "driver_cpu_cores",
+    "load_average_1m_max",
+    "machine_busy",
+)
+
+
+def load_columns(result: RunResult) -> dict[str, Any]:
+    """The machine's load during the run, in cores (CPU seconds per second of the run)."""
+    load = result.load
+    if load is None:
+        return {"machine_busy": None}
+
+    def cores(cpu_seconds: float | None) -> float | None:
+        return None if cpu_seconds is None or load.seconds <= 0 else cpu_seconds / load.seconds
+
+    return {
+        "outside_cpu_cores": load.outside_cores_mean,
+        "outside_cpu_cores_peak": load.outside_cores_peak,
+        "emulation_cpu_cores": cores(load.emulation_cpu_seconds),
+        "devices_cpu_cores": cores(load.devices_cpu_seconds),
+        "driver_cpu_cores": cores(load.driver_cpu_seconds),
+        "load_average_1m_max": load.load_average_1m_max,
+        "machine_busy": load.busy,
+        "reruns": result.reruns,
+    }
 
 
 @dataclass
@@ -196,13 +249,14 @@ def run_experiment(
     out_dir: Path,
     command: str = "",
     only: Sequence[str] | None = None,
+    repeats: int = 1,
 ) -> ExperimentReport:
-    """Run the experiment's plan on the fleet, then write CSV, JSON, markdown and plots.
+    """Run the experiment's plan `repeats` times (interleaved), then write its outputs.
 
-    With `only` (run labels) just those runs run; the outputs also take every other run of
-    the plan already in `out_dir` (to re-run one failed or disturbed run). Whatever ran is
-    written even when a run or the fleet fails, or the user interrupts; the exception then
-    propagates after the outputs are written (marked incomplete).
+    With `only` (run labels) just those runs run (every repeat); the outputs also take every
+    other run of the plan already in `out_dir` (to re-run one failed or disturbed run).
+    Whatever ran is written even when a run or the fleet fails, or the user interrupts; the
+    exception then propagates after the outputs are written (marked incomplete).
     """
     specs = experiment.plan()
     chosen = specs
@@ -217,17 +271,93 @@ def run_experiment(
     # Refusals (a bad plan, a fleet already up) come before anything is run or written.
     runner.validate(chosen)
     runner.check_no_fleet_up()
-    kept = load_results(out_dir, [spec for spec in specs if spec not in chosen])
+    recorded = load_results(out_dir, specs, name=experiment.name)
+    chosen_labels = {spec.label for spec in chosen}
+    kept = [result for result in recorded if result.spec.label not in chosen_labels]
     fresh: list[RunResult] = []
     complete = False
     try:
-        runner.run(chosen, collected=fresh)
+        runner.run(chosen, collected=fresh, repeats=repeats, earlier=recorded)
         complete = True
     finally:
-        by_label = {result.spec.label: result for result in [*kept, *fresh]}
-        results = [by_label[spec.label] for spec in specs if spec.label in by_label]
-        report = write_outputs(experiment, results, out_dir, command, complete=complete)
+        position = {spec.label: index for index, spec in enumerate(specs)}
+        results = sorted(
+            [*kept, *fresh], key=lambda result: (result.repeat, position[result.spec.label])
+        )
+        report = write_outputs(
+            experiment,
+            results,
+            out_dir,
+            command,
+            complete=complete,
+            protocol=protocol_record(runner, repeats),
+        )
     return report
+
+
+def protocol_record(runner: ExperimentRunner, repeats: int) -> dict[str, Any]:
+    """How the runs were taken: repeats, their order, and what was done on a busy machine."""
+    return {
+        "repeats": repeats,
+        "order": "interleaved: repeat 1 of every run, then repeat 2, ...",
+        "busy_policy": runner.busy_policy,
+        "max_reruns": runner.max_reruns,
+        "busy_limits": runner.busy_limits.get_config(),
+    }
+
+
+def protocol_markdown(results: Sequence[RunResult], protocol: dict[str, Any] | None) -> str:
+    """The protocol section: what a median rests on, and which runs saw a busy machine."""
+    repeats = (protocol or {}).get("repeats") or max((r.repeat for r in results), default=1)
+    lines = [
+        f"Each run was repeated {repeats} times, interleaved (repeat 1 of every run, then "
+        "repeat 2, ...). Table cells are the median over the finished repeats, with "
+        "`[min-max]` where they differ (`repeats`: how many finished); the targets are "
+        "evaluated on the medians."
+    ]
+    if repeats < MIN_REPEATS:
+        lines.append(
+            f"**Fewer than {MIN_REPEATS} repeats: these numbers show that the experiment runs, "
+            "they are not benchmark results.**"
+        )
+    if protocol and "busy_limits" in protocol:
+        limits = protocol["busy_limits"]
+        lines.append(
+            "The machine's load was recorded during every run (globaldl/experiments/load.py). A "
+            "run counts as taken on a busy machine when processes outside the fleet (and "
+            "outside the experiment's own `fleet run`, horovodrun and ssh) used more than "
+            f"{limits['outside_cores_mean']:g} cores on average, or more than "
+            f"{limits['outside_cores_peak']:g} cores over any {limits['peak_window_seconds']:g} "
+            f"s; busy runs were handled by policy `{protocol['busy_policy']}` (mark: kept and "
+            "counted in `busy_repeats`; refuse: left out of the medians; rerun: run again on a "
+            "quiet machine)."
+        )
+    unrecorded = sum(1 for result in results if result.load is None)
+    if unrecorded:
+        lines.append(
+            f"**{unrecorded} of {len(results)} runs carry no load record** (taken before the "
+            "protocol recorded it): whether the machine was busy during them is not known."
+        )
+    busy = [result for result in results if result.machine_busy]
+    if busy:
+        lines.append(
+            "Taken on a busy machine: "
+            + ", ".join(f"{result.spec.label} repeat {result.repeat}" for result in busy)
+            + "."
+        )
+    return "## Protocol and machine load\n\n" + "\n\n".join(lines)
+
+
+def _load_markdown(run_rows: Sequence[dict[str, Any]]) -> str:
+    from globaldl.bench.results import markdown_table
+
+    recorded = [row for row in run_rows if row.get("machine_busy") is not None]
+    if not recorded:
+        return ""
+    return (
+        "### Load during each run (cores: CPU seconds per second of the run)\n\n"
+        + markdown_table(recorded, [c for c in LOAD_COLUMNS if any(c in r for r in recorded)])
+    )
 
 
 def write_outputs(
@@ -237,21 +367,25 @@ def write_outputs(
     command: str = "",
     *,
     complete: bool = True,
+    protocol: dict[str, Any] | None = None,
 ) -> ExperimentReport:
-    """Write `<name>.csv`, `<name>.json`, `<name>.md` and the plots into `out_dir`."""
+    """Write `<name>.csv`, `<name>-runs.csv`, `<name>.json`, `<name>.md` and the plots."""
     from globaldl.bench.results import write_results
 
     out_dir = Path(out_dir)
-    rows = experiment.rows(results)
+    run_rows = experiment.rows(results)
+    rows = experiment.aggregate(run_rows)
     checks = experiment.targets(rows, results) if results else []
     plot_paths = experiment.plots(rows, results, out_dir) if rows else []
     csv_path = write_csv(out_dir / f"{experiment.name}.csv", rows)
+    runs_csv_path = write_csv(out_dir / f"{experiment.name}-runs.csv", run_rows)
     extra_paths = experiment.extra_outputs(results, out_dir)
+    repeats = (protocol or {}).get("repeats") or max((r.repeat for r in results), default=1)
     sections = []
     if not complete:
         sections.append(
-            f"**Incomplete**: {len(results)} of {len(experiment.plan())} runs finished before "
-            "the experiment stopped."
+            f"**Incomplete**: {len(results)} of {len(experiment.plan()) * repeats} runs "
+            "finished before the experiment stopped."
         )
     if checks:
         sections.append(_targets_markdown(checks))
@@ -264,24 +398,33 @@ def write_outputs(
     if experiment.extra_markdown(results):
         sections.append(experiment.extra_markdown(results))
     if results:
+        sections.append(protocol_markdown(results, protocol))
+        if _load_markdown(run_rows):
+            sections.append(_load_markdown(run_rows))
         sections.append("## The links\n\n" + link_notes(results))
     sections.append(
-        f"Every run's exact `globaldl train` and `globaldl fleet run` commands are in "
-        f"`{csv_path.name}`; each run's summary, byte accounting and log are in `runs/<label>/`."
+        f"`{csv_path.name}` holds the medians and ranges, `{runs_csv_path.name}` every run with "
+        "its exact `globaldl train` and `globaldl fleet run` commands and its machine load; "
+        "each run's summary, byte accounting and log are in `runs/<label>/repeat-<k>/`."
     )
+    columns = [column for column in experiment.columns if any(column in row for row in rows)]
+    if columns:
+        columns += ["repeats", "busy_repeats"]
     json_path, md_path = write_results(
         out_dir,
         experiment.name,
         experiment.title,
         rows,
         notes="\n\n".join(sections),
-        command=command,
-        columns=[column for column in experiment.columns if any(column in row for row in rows)]
-        or None,
+        command=portable(command),
+        columns=columns or None,
+        markdown_rows=presented(rows, columns or list(rows[0]) if rows else []),
         extra={
             "experiment": experiment.get_config(),
             "complete": complete,
+            "protocol": protocol,
             "targets": [check.as_row() for check in checks],
+            "run_rows": run_rows,
             "runs": [result.to_dict() for result in results],
         },
     )
@@ -290,6 +433,6 @@ def write_outputs(
         results=results,
         rows=rows,
         targets=checks,
-        paths=[csv_path, json_path, md_path, *extra_paths, *plot_paths],
+        paths=[csv_path, runs_csv_path, json_path, md_path, *extra_paths, *plot_paths],
         complete=complete,
     )

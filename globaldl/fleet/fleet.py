@@ -231,7 +231,7 @@ class Fleet:
         run(["ip", "link", "set", plan.bridge, "up"])
 
         group_parent = f"{plan.prefix}-fleet"
-        for controller in cgroups.CONTROLLERS:
+        for controller in cgroups.fleet_controllers():
             path = cgroups.create_group(controller, group_parent)
             state.record("cgroup", path=str(path))
 
@@ -309,12 +309,12 @@ class Fleet:
         hosts_lines += [f"{other.address} {other.name}" for other in plan.devices]
         (etc_dir / "hosts").write_text("\n".join(hosts_lines) + "\n")
 
-        groups = []
-        for controller in cgroups.CONTROLLERS:
+        groups = {}
+        for controller in cgroups.fleet_controllers():
             group = cgroups.create_group(controller, f"{group_parent}/{spec.name}")
             state.record("cgroup", path=str(group))
-            groups.append(group)
-        cpu_group, memory_group = groups
+            groups[controller] = group
+        cpu_group, memory_group = groups["cpu"], groups["memory"]
         cgroups.set_cpu_limit(cpu_group, spec.cpu_cores)
         cgroups.set_memory_limit(memory_group, spec.memory_bytes)
 
@@ -346,7 +346,12 @@ class Fleet:
             device.name,
             device_dir / "sshd_config",
             device_dir / "sshd.log",
-            [device.cpu_group, device.memory_group],
+            [
+                str(group)
+                for group in cgroups.groups_to_join(
+                    Path(device.cpu_group), Path(device.memory_group)
+                )
+            ],
         )
 
     # ------------------------------------------------------------------ down
