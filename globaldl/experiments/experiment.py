@@ -368,8 +368,12 @@ def write_outputs(
     *,
     complete: bool = True,
     protocol: dict[str, Any] | None = None,
+    machine: dict[str, Any] | None = None,
 ) -> ExperimentReport:
-    """Write `<name>.csv`, `<name>-runs.csv`, `<name>.json`, `<name>.md` and the plots."""
+    """Write `<name>.csv`, `<name>-runs.csv`, `<name>.json`, `<name>.md` and the plots.
+
+    `machine` describes where the runs were taken (default: this machine).
+    """
     from globaldl.bench.results import write_results
 
     out_dir = Path(out_dir)
@@ -419,6 +423,7 @@ def write_outputs(
         command=portable(command),
         columns=columns or None,
         markdown_rows=presented(rows, columns or list(rows[0]) if rows else []),
+        machine=machine,
         extra={
             "experiment": experiment.get_config(),
             "complete": complete,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import sys
@@ -110,8 +109,6 @@ def execute(
     """Build the experiment, then print its plan (--dry-run) or run it and write its outputs."""
     from globaldl.experiments import run_experiment
 
-    # write_results loads TensorFlow (for its version); keep its start-up chatter out.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with user_errors():
         experiment = build()
         runner = make_runner(experiment.name, shared, out)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -28,12 +27,12 @@ def report(
 
     The runs come from OUT/runs/ (every repeat), or, in a clone without them, from the runs
     recorded in OUT/NAME.json; every recorded run is used, also of labels the current plan
-    no longer has. Paths in the rewritten files are relative to the repository.
+    no longer has. Paths in the rewritten files are relative to the repository; the machine
+    description stays the one the runs were taken on.
     """
     from globaldl.experiments import get, write_outputs
     from globaldl.experiments.results import load_results
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with user_errors():
         experiment = get(name, quick=quick)
         out_dir = out or DEFAULT_RESULTS_DIR / name
@@ -51,6 +50,7 @@ def report(
             previous.get("command", ""),
             complete=previous.get("complete", len(done) == len(planned)),
             protocol=previous.get("protocol"),
+            machine=previous.get("machine"),
         )
     typer.echo(f"{name}: {len(results)} runs, {len(done)} of {len(planned)} labels of the plan")
     print_report(written)
