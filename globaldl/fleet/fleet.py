@@ -258,8 +258,12 @@ class Fleet:
         authorized_keys: Path,
     ) -> DeviceState:
         netns = spec.name
-        run(["ip", "netns", "add", netns])
+        if Path(f"/run/netns/{netns}").exists():
+            raise FleetError(f"network namespace {netns} already exists; choose another --prefix")
+        # Journaled before it exists: a `fleet up` killed while `ip netns add` runs would
+        # otherwise leave a namespace no state knows (undo skips one that never came).
         state.record("netns", name=netns)
+        run(["ip", "netns", "add", netns])
         run(["ip", "-n", netns, "link", "set", "lo", "up"])
         run(
             [
