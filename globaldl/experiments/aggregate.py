@@ -77,7 +77,11 @@ def aggregate_rows(rows: Sequence[Mapping[str, Any]], key: str = "label") -> lis
             else:
                 aggregated[column] = values[0]
         aggregated["repeats"] = len(finished)
-        aggregated["busy_repeats"] = sum(1 for row in finished if row.get("machine_busy"))
+        # None when no finished repeat recorded the machine's load (results from before it).
+        recorded = [row for row in finished if row.get("machine_busy") is not None]
+        aggregated["busy_repeats"] = (
+            sum(1 for row in recorded if row["machine_busy"]) if recorded else None
+        )
         table.append(aggregated)
     return table
 

@@ -280,25 +280,41 @@ def at_most_times(
     )
 
 
+NO_RESULT = "no finished run"
+
+
 def falls_with_devices(goal: str, seconds_by_devices: Mapping[int, Measured]) -> TargetCheck:
     """Met when the time falls at every step from the smallest fleet to the largest (medians).
 
     One definition for the status and the text: `measured` lists every fleet size and names
-    each step where the time does not fall.
+    each step where the time does not fall. A value of None is a fleet without a finished run;
+    inf (or a Spread whose median is inf) one that never reached the target, which counts as
+    slower than any time.
     """
     if len(seconds_by_devices) < 2:
         return TargetCheck(goal, "fewer than two fleet sizes", None)
     sizes = sorted(seconds_by_devices)
-    spreads = {n: _spread(seconds_by_devices[n]) for n in sizes}
-    # A fleet that never reached the target counts as infinitely slow.
-    medians = {n: math.inf if s is None else s.median for n, s in spreads.items()}
+    spreads = {
+        n: None if value is None else value if isinstance(value, Spread) else Spread.single(value)
+        for n, value in ((n, seconds_by_devices[n]) for n in sizes)
+    }
     listed = ", ".join(
-        f"{n}: {NOT_REACHED if spread is None else spread.text(' s')}"
+        f"{n}: {NO_RESULT if spread is None else spread.text(' s')}"
         for n, spread in spreads.items()
     ) + _repeats_note(*spreads.values())
-    if spreads[sizes[0]] is None:
+    smallest = spreads[sizes[0]]
+    if smallest is None or not smallest.reached:
         # Without the smallest fleet's time there is nothing to fall from.
         return TargetCheck(goal, f"{listed}; no time on the smallest fleet to compare", None)
+    missing = [n for n in sizes if spreads[n] is None]
+    if missing:
+        return TargetCheck(
+            goal,
+            f"{listed}; not evaluated without a finished run on "
+            f"{', '.join(map(str, missing))} devices",
+            None,
+        )
+    medians = {n: spread.median for n, spread in spreads.items() if spread is not None}
     rises = [
         f"{smaller} -> {larger}"
         for smaller, larger in zip(sizes, sizes[1:], strict=False)

@@ -309,11 +309,16 @@ def protocol_record(runner: ExperimentRunner, repeats: int) -> dict[str, Any]:
 def protocol_markdown(results: Sequence[RunResult], protocol: dict[str, Any] | None) -> str:
     """The protocol section: what a median rests on, and which runs saw a busy machine."""
     repeats = (protocol or {}).get("repeats") or max((r.repeat for r in results), default=1)
+    if repeats > 1:
+        order = f"Each run was repeated {repeats} times, interleaved (repeat 1 of every run, then "
+        order += "repeat 2, ...). "
+    else:
+        order = "Each run ran once. "
     lines = [
-        f"Each run was repeated {repeats} times, interleaved (repeat 1 of every run, then "
-        "repeat 2, ...). Table cells are the median over the finished repeats, with "
-        "`[min-max]` where they differ (`repeats`: how many finished); the targets are "
-        "evaluated on the medians."
+        order + "Table cells are the median over the finished repeats, with `[min-max]` where "
+        "they differ (`repeats`: how many finished; `busy_repeats`: how many of them the "
+        "machine was busy for, blank when not recorded); the targets are evaluated on the "
+        "medians."
     ]
     if repeats < MIN_REPEATS:
         lines.append(
