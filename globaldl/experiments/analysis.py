@@ -283,21 +283,28 @@ def at_most_times(
 NO_RESULT = "no finished run"
 
 
-def falls_with_devices(goal: str, seconds_by_devices: Mapping[int, Measured]) -> TargetCheck:
+def falls_with_devices(goal: str, seconds_by_devices: Mapping[int, Measured | str]) -> TargetCheck:
     """Met when the time falls at every step from the smallest fleet to the largest (medians).
 
     One definition for the status and the text: `measured` lists every fleet size and names
-    each step where the time does not fall. A value of None is a fleet without a finished run;
-    inf (or a Spread whose median is inf) one that never reached the target, which counts as
-    slower than any time.
+    each step where the time does not fall. None (or a Spread whose median is inf) is a fleet
+    that never reached the target, slower than any time; NO_RESULT a fleet without a finished
+    run, which leaves the goal open.
     """
     if len(seconds_by_devices) < 2:
         return TargetCheck(goal, "fewer than two fleet sizes", None)
     sizes = sorted(seconds_by_devices)
-    spreads = {
-        n: None if value is None else value if isinstance(value, Spread) else Spread.single(value)
-        for n, value in ((n, seconds_by_devices[n]) for n in sizes)
-    }
+    spreads: dict[int, Spread | None] = {}
+    for n in sizes:
+        value = seconds_by_devices[n]
+        if value is None:
+            spreads[n] = Spread.single(math.inf)
+        elif isinstance(value, str):
+            if value != NO_RESULT:
+                raise ValueError(f"fleet size {n}: {value!r} is not a time or {NO_RESULT!r}")
+            spreads[n] = None
+        else:
+            spreads[n] = value if isinstance(value, Spread) else Spread.single(float(value))
     listed = ", ".join(
         f"{n}: {NO_RESULT if spread is None else spread.text(' s')}"
         for n, spread in spreads.items()

@@ -18,6 +18,8 @@ from typing import Any
 
 from globaldl.experiments.aggregate import error_bars, row_spread
 from globaldl.experiments.analysis import (
+    NO_RESULT,
+    Spread,
     TargetCheck,
     falls_with_devices,
     seconds_or_not_reached,
@@ -60,6 +62,12 @@ class Schedule:
         if self.global_steps_per_epoch is None:
             return None
         return max(1, self.global_steps_per_epoch // devices)
+
+
+def _finished(row: dict[str, Any], column: str) -> Spread | str:
+    """A column's median with its range, or NO_RESULT for a fleet without a finished run."""
+    spread = row_spread(row, column) if row.get("repeats") else None
+    return NO_RESULT if spread is None else spread
 
 
 class DevicesExperiment(Experiment):
@@ -209,7 +217,7 @@ class DevicesExperiment(Experiment):
                     falls_with_devices(
                         f"{workload.name}, {compression}: time per epoch falls at every step "
                         f"from {first} to {last} devices",
-                        {row["devices"]: row_spread(row, "seconds_per_epoch") for row in selected},
+                        {row["devices"]: _finished(row, "seconds_per_epoch") for row in selected},
                     )
                 )
                 if compression == COMPRESSED:
@@ -219,7 +227,7 @@ class DevicesExperiment(Experiment):
                             f"{workload.target_accuracy:g} falls at every step from {first} to "
                             f"{last} devices",
                             {
-                                row["devices"]: row_spread(row, "seconds_to_target")
+                                row["devices"]: _finished(row, "seconds_to_target")
                                 for row in selected
                             },
                         )

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from globaldl.experiments.analysis import (
+    NO_RESULT,
     at_least_times_sooner,
     at_most_times,
     epoch_end_seconds,
@@ -114,10 +115,10 @@ def test_falls_with_devices_is_met_only_when_every_step_falls_and_says_so_in_the
     assert wobbly.met is False and wobbly.measured.endswith("does not fall at 1 -> 2")
     rising = falls_with_devices("goal", {1: 100.0, 2: 150.0, 4: 160.0})
     assert rising.met is False
-    never = falls_with_devices("goal", {1: 100.0, 4: math.inf})
+    never = falls_with_devices("goal", {1: 100.0, 4: None})
     assert never.met is False and "4: not reached" in never.measured
     # A fleet without a finished run leaves the goal open instead of deciding it.
-    failed = falls_with_devices("goal", {1: 100.0, 2: None, 4: 40.0})
+    failed = falls_with_devices("goal", {1: 100.0, 2: NO_RESULT, 4: 40.0})
     assert failed.met is None and "2: no finished run" in failed.measured
     assert falls_with_devices("goal", {1: 100.0}).met is None
     assert falls_with_devices("goal", {1: None, 2: None, 4: None}).met is None
