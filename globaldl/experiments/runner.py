@@ -23,21 +23,15 @@ always comes down in a `finally`, also after Ctrl-C, a failed run or a timeout. 
 use their own state dir, name prefix and subnet, so they never touch a fleet a user brought
 up, and refuse to start while any fleet is up (it would compete for the same cores).
 
-Every run is `globaldl fleet run -- <train args>` in a child process (real horovodrun over ssh
-into the namespaces), its output kept in the run's folder; the runner reads back the run
-summary and the fleet's byte accounting, and optionally scrapes every device's exporter.
+Every run is `globaldl fleet run -- <train args>` in a child process (fleet_run.py: real
+horovodrun over ssh into the namespaces), its output kept in the run's folder; the run summary
+and the fleet's byte accounting are read back, and every device's exporter optionally scraped.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import shlex
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -46,18 +40,15 @@ from pathlib import Path
 from globaldl.experiments.analysis import mean_step_seconds, training_seconds
 from globaldl.experiments.cycle_time import auto_cycle_time_ms
 from globaldl.experiments.faults import FaultInjector
+from globaldl.experiments.fleet_run import run_once, save_result
 from globaldl.experiments.load import (
     BusyLimits,
-    LoadRecorder,
     LoadSources,
     measure_load,
 )
 from globaldl.experiments.progress import RunClock, ScheduledRun, earlier_run_seconds, interleave
-from globaldl.experiments.results import RunResult, load_results, portable, repeat_dir
-from globaldl.experiments.scrape import ExporterScraper
-from globaldl.experiments.spec import FleetConfig, RunSpec, slug
-from globaldl.files import write_json_atomically
-from globaldl.fleet import cgroups
+from globaldl.experiments.results import RunResult, load_results, portable
+from globaldl.experiments.spec import FleetConfig, RunSpec
 from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.plan import FleetPlan, plan_fleet
 from globaldl.fleet.profiles import (
@@ -66,7 +57,6 @@ from globaldl.fleet.profiles import (
     device_profiles,
     load_profiles,
 )
-from globaldl.fleet.request import TrainRequest
 from globaldl.fleet.state import DEFAULT_STATE_DIR
 
 __all__ = [
@@ -82,10 +72,6 @@ DEFAULT_EXPERIMENT_PREFIX = "gdlx"
 DEFAULT_EXPERIMENT_SUBNET = "10.78.0.0/24"
 DEFAULT_METRICS_PORT = 19500
 DEFAULT_SCRAPE_INTERVAL_SECONDS = 1.0
-START_TIMEOUT_SECONDS = 180
-# After the fleet run's own timeout, how long it gets to stop its workers before we do.
-STOP_GRACE_SECONDS = 60.0
-FLEET_RUN_MODULE = "globaldl.cli.fleet"
 BUSY_POLICIES = ("mark", "refuse", "rerun")
 DEFAULT_MAX_RERUNS = 2
 # Before a re-run: how long one look at the machine lasts, and how long to wait for quiet.
@@ -97,31 +83,6 @@ Progress = Callable[[str], None]
 
 def _print_progress(line: str) -> None:
     print(line, flush=True)
-
-
-def _worker_environment(cycle_time_ms: float) -> dict[str, str]:
-    """The environment for horovodrun (which forwards it to every worker).
-
-    GLOBALDL_* variables are dropped: a user's settings must not change an experiment's runs.
-    """
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GLOBALDL_")}
-    env["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Ask `fleet run` to stop (SIGINT: it stops horovodrun and the workers), then kill it."""
-    for signum, wait_seconds in ((signal.SIGINT, STOP_GRACE_SECONDS), (signal.SIGKILL, 10.0)):
-        if process.poll() is not None:
-            return
-        process.send_signal(signum)
-        try:
-            process.wait(timeout=wait_seconds)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 class ExperimentRunner:
@@ -311,7 +272,7 @@ class ExperimentRunner:
             assert result.load is not None
             if self.busy_policy == "refuse":
                 result.status = f"refused: machine busy ({result.load.busy_reason})"
-                self._save(result)
+                save_result(result)
                 return result
             if self.busy_policy == "mark" or reruns >= self.max_reruns:
                 return result
@@ -336,129 +297,7 @@ class ExperimentRunner:
     def _run_one(
         self, scheduled: ScheduledRun, latency_emulated: bool, sources: LoadSources
     ) -> RunResult:
-        spec = scheduled.spec
-        run_dir = repeat_dir(self.out_dir, spec.label, scheduled.repeat)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        run_id = slug(f"{spec.experiment}-{spec.label}-r{scheduled.repeat}-{_utc_stamp()}")
-        cycle_time_ms = self.cycle_time_ms(spec)
-        request = TrainRequest(
-            train_args=spec.train_args,
-            run_id=run_id,
-            summary_path=(run_dir / "summary.json").resolve(),
-            metrics_port=self.metrics_port if spec.scrape_metrics else None,
-        )
-        argv = [
-            sys.executable,
-            "-m",
-            FLEET_RUN_MODULE,
-            "run",
-            "--state-dir",
-            str(self.state_dir),
-            "--timeout-seconds",
-            f"{spec.timeout_seconds:g}",
-            "--start-timeout-seconds",
-            str(START_TIMEOUT_SECONDS),
-            "--run-id",
-            request.run_id,
-            "--summary",
-            str(request.summary_path),
-        ]
-        if request.metrics_port is not None:
-            # Prometheus file-SD targets of the run go into the run's folder, not runs/.
-            argv += ["--metrics-port", str(request.metrics_port)]
-            argv += ["--prometheus-dir", str(run_dir / "prometheus")]
-        argv += [*spec.fleet_run_args, "--", *spec.train_args]
-        result = RunResult(
-            spec=spec,
-            status="running",
-            run_id=run_id,
-            run_dir=run_dir,
-            cycle_time_ms=cycle_time_ms,
-            link=self.link_of(spec.fleet),
-            train_command=request.command_line(),
-            fleet_command=(
-                f"HOROVOD_CYCLE_TIME={cycle_time_ms:g} "
-                + shlex.join(["globaldl", "fleet", *argv[argv.index("run") :]])
-            ),
-            latency_emulated=latency_emulated,
-            repeat=scheduled.repeat,
-        )
-        scraper = None
-        if spec.scrape_metrics:
-            fleet_state = Fleet(self.state_dir).require_state()
-            scraper = ExporterScraper(
-                {
-                    device.name: f"http://{device.address}:{self.metrics_port}/metrics"
-                    for device in fleet_state.devices
-                },
-                interval_seconds=self.scrape_interval_seconds,
-            )
-        recorder = LoadRecorder(sources, self.busy_limits)
-        recorder.start()
-        started_wall = time.time()
-        started = time.monotonic()
-        log_path = run_dir / "fleet-run.log"
-        with log_path.open("wb") as log:
-            # Its own session: a Ctrl-C reaches only this process, which then asks `fleet run`
-            # once to stop (a second SIGINT could cut short its clean-up of horovodrun).
-            process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**_worker_environment(cycle_time_ms), **spec.env},
-                start_new_session=True,
-            )
-            if sources.launcher_group is not None:
-                # Before it starts horovodrun and ssh: they are born in the group too.
-                cgroups.move_process(sources.launcher_group, process.pid)
-            if scraper is not None:
-                scraper.start()
-            faults = None
-            if spec.faults:
-                faults = FaultInjector(
-                    spec.faults, log_path, Fleet(self.state_dir), self.prefix, process
-                )
-                faults.start()
-            try:
-                returncode = process.wait(timeout=spec.timeout_seconds + STOP_GRACE_SECONDS)
-                result.status = "ok" if returncode == 0 else f"failed (exit {returncode})"
-            except subprocess.TimeoutExpired:
-                _stop(process)
-                result.status = f"timed out after {spec.timeout_seconds:g} s"
-            except BaseException:
-                _stop(process)
-                raise
-            finally:
-                result.load = recorder.stop()
-                if scraper is not None:
-                    scraper.stop()
-                if faults is not None:
-                    result.faults = faults.stop()
-        result.run_seconds = time.monotonic() - started
-        summary_path = request.summary_path
-        if summary_path.exists() and summary_path.stat().st_mtime >= started_wall:
-            result.summary = json.loads(summary_path.read_text())
-            accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
-            if accounting_path.exists():
-                result.accounting = json.loads(accounting_path.read_text())
-        elif result.status == "ok":
-            result.status = "no summary"
-        if scraper is not None:
-            for name, scrapes in scraper.devices.items():
-                resources = scrapes.resources(spec.fleet.cpu_cores_per_device)
-                if resources is not None:
-                    result.resources[name] = resources
-        self._save(result)
-        return result
-
-    @staticmethod
-    def _save(result: RunResult) -> None:
-        write_json_atomically(result.run_dir / "result.json", result.to_dict())
-
-
-def _utc_stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        return run_once(self, scheduled, latency_emulated, sources)
 
 
 def _progress_line(position: str, result: RunResult) -> str:
