@@ -15,8 +15,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from globaldl.experiments.spec import RunSpec
+
+if TYPE_CHECKING:
+    from globaldl.experiments.results import RunResult
 
 
 @dataclass(frozen=True)
@@ -131,10 +135,14 @@ class RunClock:
         return f"ETA {duration_text(seconds)}"
 
 
-def earlier_run_seconds(run_seconds: Iterable[tuple[str, float | None]]) -> dict[str, float]:
-    """Per label, the median of the run seconds an earlier session recorded (finished runs)."""
+def earlier_run_seconds(earlier: Iterable[RunResult], specs: Sequence[RunSpec]) -> dict[str, float]:
+    """Per label, the median run seconds of the finished earlier runs of the very same spec.
+
+    A run of the same label with other arguments (a --quick run, an older plan) is other
+    work and says nothing about this one's time.
+    """
     by_label: dict[str, list[float]] = {}
-    for label, seconds in run_seconds:
-        if seconds is not None:
-            by_label.setdefault(label, []).append(seconds)
+    for result in earlier:
+        if result.ok and result.run_seconds is not None and result.spec in specs:
+            by_label.setdefault(result.spec.label, []).append(result.run_seconds)
     return {label: statistics.median(values) for label, values in by_label.items()}

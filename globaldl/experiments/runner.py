@@ -204,9 +204,7 @@ class ExperimentRunner:
         for spec in specs:
             shutil.rmtree(self.out_dir / "runs" / spec.label, ignore_errors=True)
         results: list[RunResult] = collected if collected is not None else []
-        clock = RunClock(
-            schedule, earlier_run_seconds((r.spec.label, r.run_seconds) for r in earlier if r.ok)
-        )
+        clock = RunClock(schedule, earlier_run_seconds(earlier, specs))
         self.progress(
             f"{len(schedule)} runs ({len(specs)} x {repeats} repeats, interleaved); "
             + clock.eta_text(schedule)

@@ -64,19 +64,16 @@ def print_plan(
         )
     schedule = interleave(specs, repeats)
     recorded = load_results(runner.out_dir, specs, name=experiment.name)
-    clock = RunClock(
-        schedule, earlier_run_seconds((r.spec.label, r.run_seconds) for r in recorded if r.ok)
-    )
+    earlier = earlier_run_seconds(recorded, specs)
+    clock = RunClock(schedule, earlier)
     seconds, basis = clock.estimate(schedule)
     if seconds is None:
-        estimate = f"time unknown: no earlier runs of these labels in {runner.out_dir}"
+        estimate = f"time unknown: no earlier runs of this plan in {runner.out_dir}"
     else:
         from globaldl.experiments.progress import duration_text
 
-        timed = len({r.spec.label for r in recorded if r.ok})
-        guessed = (
-            f"; the other {len(specs) - timed} counted at their mean" if timed < len(specs) else ""
-        )
+        timed = len(earlier)
+        guessed = f"; the other {len(specs) - timed} at the mean run" if timed < len(specs) else ""
         estimate = (
             f"about {duration_text(seconds)}, from the run times recorded in {runner.out_dir} "
             f"for {timed} of {len(specs)} labels{guessed} (fleet start-ups not included)"
