@@ -49,7 +49,7 @@ from globaldl.experiments.load import (
 from globaldl.experiments.progress import RunClock, ScheduledRun, earlier_run_seconds, interleave
 from globaldl.experiments.results import RunResult, load_results, portable
 from globaldl.experiments.spec import FleetConfig, RunSpec
-from globaldl.fleet.fleet import Fleet
+from globaldl.fleet.fleet import Fleet, FleetLockTimeoutError
 from globaldl.fleet.plan import FleetPlan, plan_fleet
 from globaldl.fleet.profiles import (
     DEFAULT_PROFILES_PATH,
@@ -74,6 +74,8 @@ DEFAULT_METRICS_PORT = 19500
 DEFAULT_SCRAPE_INTERVAL_SECONDS = 1.0
 BUSY_POLICIES = ("mark", "refuse", "rerun")
 DEFAULT_MAX_RERUNS = 2
+# Another fleet's operation may hold the lock the fleets share for minutes on a busy machine.
+DOWN_ATTEMPTS = 5
 # Before a re-run: how long one look at the machine lasts, and how long to wait for quiet.
 QUIET_CHECK_SECONDS = 10.0
 QUIET_WAIT_SECONDS = 900.0
@@ -229,8 +231,19 @@ class ExperimentRunner:
                     clock.finished(scheduled, result.run_seconds or 0.0)
                     self.progress(_progress_line(clock.position(scheduled), result))
             finally:
-                fleet.down(log=self._fleet_log)
+                self._down(fleet)
         return results
+
+    def _down(self, fleet: Fleet) -> None:
+        """Bring the fleet down, waiting out other fleets' operations on the shared lock."""
+        for attempt in range(1, DOWN_ATTEMPTS + 1):
+            try:
+                fleet.down(log=self._fleet_log)
+                return
+            except FleetLockTimeoutError as error:
+                if attempt == DOWN_ATTEMPTS:
+                    raise
+                self.progress(f"  fleet down waits: {error}; trying again ({attempt})")
 
     def _fleet_log(self, line: str) -> None:
         with (self.out_dir / "fleet.log").open("a") as stream:

@@ -35,6 +35,10 @@ class FleetError(RuntimeError):
     """The system refused a fleet operation (after any rollback has run)."""
 
 
+class FleetLockTimeoutError(FleetError):
+    """Another fleet operation under the same parent directory held the lock too long."""
+
+
 class NetemUnavailableError(ValueError):
     """A profile needs latency or loss emulation, and this kernel has no tc netem."""
 
@@ -109,7 +113,7 @@ class Fleet:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise FleetError(
+                        raise FleetLockTimeoutError(
                             f"another fleet operation has held the lock on {parent} for "
                             f"{LOCK_TIMEOUT_SECONDS:g} s"
                         ) from None
