@@ -21,14 +21,20 @@ def generate_key(path: Path, comment: str) -> str:
     return Path(f"{path}.pub").read_text().strip()
 
 
-def sshd_config_text(address: str, host_key: Path, authorized_keys: Path, pid_file: Path) -> str:
-    """An sshd configuration for one device: its own address, root by key only, no PAM."""
+def sshd_config_text(
+    address: str, host_key: Path, authorized_keys: list[Path], pid_file: Path
+) -> str:
+    """An sshd configuration for one device: its own address, root by key only, no PAM.
+
+    `authorized_keys`: the fleet's key file, then the device's own, where provisioning
+    (deploy/ansible) adds keys without touching the machine's ~/.ssh, which every device shares.
+    """
     return "\n".join(
         [
             f"ListenAddress {address}:{SSH_PORT}",
             f"HostKey {host_key}",
             f"PidFile {pid_file}",
-            f"AuthorizedKeysFile {authorized_keys}",
+            f"AuthorizedKeysFile {' '.join(str(path) for path in authorized_keys)}",
             "PermitRootLogin prohibit-password",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
