@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from globaldl.doctor.diagnose import DEFAULT_MEMORY_NEED_MB
+from globaldl.doctor.remote import FACTS_TIMEOUT_SECONDS
 
 
 def doctor(
@@ -38,6 +39,9 @@ def doctor(
     measure_seconds: Annotated[
         float, typer.Option(help="Seconds each device sends to its ring successor.")
     ] = 1.0,
+    timeout_seconds: Annotated[
+        float, typer.Option(help="How long every device may take to load TensorFlow and answer.")
+    ] = FACTS_TIMEOUT_SECONDS,
 ) -> None:
     """Can these devices run? ssh, versions, Horovod build, host name, clock, ports, memory, links.
 
@@ -56,6 +60,7 @@ def doctor(
             node_exporter_port=node_exporter_port,
             memory_need_mb=memory_need_mb,
             measure_seconds=measure_seconds,
+            timeout_seconds=timeout_seconds,
         )
         reports = diagnose(request)
     except ValueError as error:

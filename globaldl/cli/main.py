@@ -24,7 +24,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command(name="train")(train.train)
+app.command(name="train", cls=train.PlainHelpCommand)(train.train)
 app.command(name="doctor")(doctor.doctor)
 app.add_typer(bench.app, name="bench")
 app.add_typer(fleet.app, name="fleet")

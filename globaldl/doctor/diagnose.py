@@ -33,6 +33,7 @@ class DoctorRequest:
     node_exporter_port: int | None = None
     memory_need_mb: int = DEFAULT_MEMORY_NEED_MB
     measure_seconds: float = 1.0
+    timeout_seconds: float = FACTS_TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
         for name in ("metrics_port", "node_exporter_port"):
@@ -41,6 +42,8 @@ class DoctorRequest:
                 raise ValueError(f"{name} {port!r} is not allowed; use a port in 1..65535")
         if self.memory_need_mb < 1:
             raise ValueError(f"memory need {self.memory_need_mb!r} MB is not allowed; use >= 1")
+        if self.timeout_seconds <= 0:
+            raise ValueError(f"timeout {self.timeout_seconds!r} s is not allowed; use > 0")
         if not 0.1 <= self.measure_seconds <= 60:
             raise ValueError(
                 f"measure seconds {self.measure_seconds!r} is not allowed; use 0.1 to 60"
@@ -58,9 +61,10 @@ def probe_devices(entries: list[HostEntry], request: DoctorRequest) -> list[Devi
     ports = [request.metrics_port] if request.metrics_port is not None else []
     servers = ProbeServers(entries, request.ssh, request.python, ports)
     probes = [DeviceProbe(entry) for entry in entries]
+    deadline = servers.started + request.timeout_seconds
     try:
         for probe in probes:
-            facts, error = servers.read_facts(probe.entry.host, FACTS_TIMEOUT_SECONDS)
+            facts, error = servers.read_facts(probe.entry.host, deadline)
             if facts is None:
                 probe.ssh_error = error
             else:

@@ -15,8 +15,8 @@ from typing import Any
 from globaldl.doctor.hostfile import HostEntry
 
 PROBE_SOURCE = (Path(__file__).with_name("probe.py")).read_text()
-# TensorFlow and Horovod load in the facts step: seconds on a Pi, more on a busy one.
-FACTS_TIMEOUT_SECONDS = 120.0
+# TensorFlow and Horovod load in the facts step: seconds on a Pi, a minute on a busy one.
+FACTS_TIMEOUT_SECONDS = 180.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ class ProbeServers:
 
     def __init__(self, entries: list[HostEntry], ssh: SshOptions, python: str, ports: list[int]):
         self.processes: dict[str, subprocess.Popen[str]] = {}
+        self.started = time.monotonic()
         for entry in entries:
             device_ports = [port + local for port in ports for local in range(entry.slots)]
             self.processes[entry.host] = subprocess.Popen(
@@ -87,11 +88,11 @@ class ProbeServers:
                 text=True,
             )
 
-    def read_facts(self, host: str, timeout_seconds: float) -> tuple[dict[str, Any] | None, str]:
-        """The device's facts line, or None and why not (ssh refused, Python missing...)."""
+    def read_facts(self, host: str, deadline: float) -> tuple[dict[str, Any] | None, str]:
+        """The device's facts line by `deadline` (monotonic), or None and why not."""
         process = self.processes[host]
         assert process.stdout is not None
-        deadline = time.monotonic() + timeout_seconds
+        timeout_seconds = deadline - self.started
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
             while time.monotonic() < deadline:

@@ -84,7 +84,12 @@ def start_sshd(
             "--",
             "sh",
             "-c",
-            'hostname "$1" && exec "$2" -f "$3" -E "$4"',
+            # `ip netns exec` mounts a fresh /sys, which hides the cgroup hierarchies; mounting
+            # the device's own controllers back lets it read its limits as a real device (or a
+            # container) does. Best effort: the limits hold whether or not they can be read.
+            'hostname "$1" && { mount -t tmpfs cgroup /sys/fs/cgroup && for c in cpu memory; do '
+            "mkdir -p /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c; "
+            'done; } 2>/dev/null; exec "$2" -f "$3" -E "$4"',
             "sh",
             hostname,
             SSHD,
