@@ -42,6 +42,8 @@ def sshd_config_text(
             # PAM (pam_systemd) would move sessions out of the device's cgroups.
             "UsePAM no",
             "StrictModes yes",
+            # As a Debian sshd: file copies (Ansible, scp) go over sftp.
+            "Subsystem sftp internal-sftp",
             "X11Forwarding no",
             "PrintMotd no",
             # Horovod opens one ssh session per rank and per probe at once.
