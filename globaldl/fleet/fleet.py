@@ -316,6 +316,9 @@ class Fleet:
         ]
         hosts_lines += [f"{other.address} {other.name}" for other in plan.devices]
         (etc_dir / "hosts").write_text("\n".join(hosts_lines) + "\n")
+        # The device's own /etc/hostname, as a real device has: provisioning may set it without
+        # touching this machine's.
+        (etc_dir / "hostname").write_text(f"{spec.name}\n")
 
         groups = {}
         for controller in cgroups.fleet_controllers():
@@ -331,7 +334,12 @@ class Fleet:
         host_key_public = sshd.generate_key(host_key, f"{spec.name}-host")
         config = device_dir / "sshd_config"
         config.write_text(
-            sshd.sshd_config_text(spec.address, host_key, authorized_keys, device_dir / "sshd.pid")
+            sshd.sshd_config_text(
+                spec.address,
+                host_key,
+                [authorized_keys, device_authorized_keys(device_dir)],
+                device_dir / "sshd.pid",
+            )
         )
         device = DeviceState(
             name=spec.name,
@@ -555,6 +563,11 @@ def _shape(spec: DeviceSpec, netns: str, netem_available: bool) -> None:
     }
     apply_shaping(DEVICE_INTERFACE, LinkDirection(profile.up_kbit_per_second, **delay), netns=netns)
     apply_shaping(spec.host_interface, LinkDirection(profile.down_kbit_per_second, **delay))
+
+
+def device_authorized_keys(device_dir: Path) -> Path:
+    """The device's own authorized_keys file (read by its sshd after the fleet's shared one)."""
+    return device_dir / "authorized_keys"
 
 
 def read_interface_counters(netns: str, interface: str = DEVICE_INTERFACE) -> dict[str, int]:
