@@ -58,8 +58,13 @@ LINK = "lte"
 (deploy/fleet/profiles.yaml: 35 ms each way, so 70 ms device to device across the core;
 `custom:UP_MBIT:DOWN_MBIT:DELAY_MS` works too)."""
 LAN_PROFILE = "lan"
-CPU_CORES_PER_DEVICE, QUICK_CPU_CORES_PER_DEVICE = 0.125, 0.25  # 16 x 0.125 = 2 cores
+FLEET_CPU_CORES = 2.0
+"""Every fleet shares the reference machine's 2 cores evenly (1 core each at 2 devices, 1/8 at
+16): the comparison is about the network, and small fleets then start and step quickly."""
 EPOCHS = 2
+EXPECTED_MINUTES = 90
+"""One repeat on 2 cores, estimated: start-up (~1 min at 1/8 core) plus 2 epochs at about
+4 (N - 1) x 70 ms per step on lte (ring and Horovod's negotiation), per run; 28 runs."""
 FLAT_BYTES_FACTOR = 1.3
 LESS_TRAFFIC_FACTOR = 50.0
 ACCURACY_POINTS = 0.005
@@ -118,9 +123,7 @@ class ScalingExperiment(Experiment):
             )
         self.sites = sites or (QUICK_SITES if quick else SITES)
         self.link = link or LINK
-        self.cpu_cores_per_device = cpu_cores_per_device or (
-            QUICK_CPU_CORES_PER_DEVICE if quick else CPU_CORES_PER_DEVICE
-        )
+        self.cpu_cores_per_device = cpu_cores_per_device
         self.epochs = epochs or (1 if quick else EPOCHS)
         self.max_steps_per_epoch = 6 if quick else None
         self.workload = workload
@@ -146,7 +149,7 @@ class ScalingExperiment(Experiment):
         """One fleet per device count (every codec on it), then the site fleet (ring, sites)."""
         specs = []
         for devices in self.device_counts:
-            fleet = FleetConfig(devices, self.link, self.cpu_cores_per_device)
+            fleet = FleetConfig(devices, self.link, self._cpu(devices))
             for codec in self.codecs:
                 specs.append(
                     RunSpec(
@@ -165,7 +168,7 @@ class ScalingExperiment(Experiment):
         count, per_site = self.sites
         sites = f"{count}x{per_site}"
         site_fleet = FleetConfig(
-            count * per_site, self.link, self.cpu_cores_per_device, sites=sites, lan=LAN_PROFILE
+            count * per_site, self.link, self._cpu(count * per_site), sites=sites, lan=LAN_PROFILE
         )
         for codec in self.hierarchy_codecs:
             for exchange in ("ring", "hierarchy"):
@@ -181,6 +184,10 @@ class ScalingExperiment(Experiment):
                     )
                 )
         return specs
+
+    def _cpu(self, devices: int) -> float:
+        """CPU cores per device: as given, or the machine's cores shared by the fleet."""
+        return self.cpu_cores_per_device or FLEET_CPU_CORES / devices
 
     # ---------------------------------------------------------------------------- the rows
     def rows(self, results: Sequence[RunResult]) -> list[dict[str, Any]]:
@@ -358,8 +365,8 @@ class ScalingExperiment(Experiment):
             bars.tick_params(axis="y", labelsize=7)
             bars.grid(axis="x", alpha=0.3)
             figure.suptitle(
-                f"{self.workload.name}, {self.epochs} epochs, {self.cpu_cores_per_device:g} cores "
-                f"per device, link {self.link}; dashed: gathered or dense, solid: summable",
+                f"{self.workload.name}, {self.epochs} epochs, {self._cpu_text()}, link "
+                f"{self.link}; dashed: gathered or dense, solid: summable",
                 fontsize=9,
             )
 
@@ -374,7 +381,7 @@ class ScalingExperiment(Experiment):
             f"{self.batch_size}, {self.epochs} epochs over each device's 1/N of the data (the "
             "learning rate scaled by N, the default), seed 0. Flat fleets of "
             f"{', '.join(map(str, self.device_counts))} devices, each device on its own link "
-            f"`{self.link}` and {self.cpu_cores_per_device:g} CPU cores. Codecs: {codecs}. "
+            f"`{self.link}`; {self._cpu_text()}. Codecs: {codecs}. "
             f"Then {count} sites x {per_site} devices (`fleet up --sites {count}x{per_site} "
             f"--lan {LAN_PROFILE} --wan {self.link}`: a LAN per site, one shared delayed WAN "
             "link per site) run each of "
@@ -388,8 +395,15 @@ class ScalingExperiment(Experiment):
             "`traffic_ratio_vs_dense` divides dense Horovod's interface bytes on the same "
             "fleet by the run's. `collectives_per_step` and `combine` come from the run "
             "summary's `exchange` (the compressor's wire declaration). Target accuracy "
-            f"{self.workload.target_accuracy:g}."
+            f"{self.workload.target_accuracy:g}. One repeat takes about {EXPECTED_MINUTES} "
+            "minutes on 2 cores (an estimate: start-up plus 2 epochs per run, steps bound by "
+            "the link's latency)."
         )
+
+    def _cpu_text(self) -> str:
+        if self.cpu_cores_per_device is not None:
+            return f"{self.cpu_cores_per_device:g} CPU cores per device"
+        return f"the fleet shares {FLEET_CPU_CORES:g} CPU cores evenly (2 / N per device)"
 
     def get_config(self) -> dict[str, Any]:
         """The experiment's options."""
@@ -400,6 +414,7 @@ class ScalingExperiment(Experiment):
             "sites": list(self.sites),
             "link": self.link,
             "cpu_cores_per_device": self.cpu_cores_per_device,
+            "fleet_cpu_cores": FLEET_CPU_CORES,
             "epochs": self.epochs,
             "max_steps_per_epoch": self.max_steps_per_epoch,
             "workload": self.workload.name,

@@ -39,7 +39,10 @@ def scaling(
             "custom:UP:DOWN:DELAY_MS [default: lte]."
         ),
     ] = None,
-    cpu: Annotated[float | None, typer.Option("--cpu", help="CPU cores per device.")] = None,
+    cpu: Annotated[
+        float | None,
+        typer.Option("--cpu", help="CPU cores per device [default: 2 cores shared by the fleet]."),
+    ] = None,
 ) -> None:
     """Per-device bytes, step time and accuracy at 2-16 devices; 4 sites x 4, ring vs sites."""
 
