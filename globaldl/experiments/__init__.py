@@ -18,6 +18,7 @@ from globaldl.experiments.experiment import (
 from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
+from globaldl.experiments.scaling import ScalingExperiment
 from globaldl.experiments.spec import FleetConfig, RunSpec, Workload
 
 EXPERIMENTS: dict[str, type[Experiment]] = {
@@ -27,6 +28,7 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "bottleneck": BottleneckExperiment,
     "recovery": RecoveryExperiment,
     "balance": BalanceExperiment,
+    "scaling": ScalingExperiment,
 }
 
 
@@ -57,6 +59,7 @@ __all__ = [
     "ResourcesExperiment",
     "RunResult",
     "RunSpec",
+    "ScalingExperiment",
     "Schedule",
     "TargetCheck",
     "Variant",

@@ -20,6 +20,7 @@ from globaldl.cli.experiment import (
     recovery,
     report,
     resources,
+    scaling,
 )
 from globaldl.cli.experiment.options import parse_cycle_time, parse_int_list
 
@@ -39,6 +40,7 @@ app.command(name="ablation")(ablation.ablation)
 app.command(name="bottleneck")(bottleneck.bottleneck)
 app.command(name="recovery")(recovery.recovery)
 app.command(name="balance")(balance.balance)
+app.command(name="scaling")(scaling.scaling)
 app.command(name="all")(all_experiments.all_experiments)
 app.command(name="report")(report.report)
 
