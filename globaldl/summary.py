@@ -40,6 +40,37 @@ def compression_ratio(raw_bytes: int, wire_bytes: int) -> float | None:
     return raw_bytes / wire_bytes if wire_bytes > 0 else None
 
 
+def traffic(
+    *,
+    combine: str,
+    ranks: int,
+    steps: int,
+    gradient_bytes_raw: int,
+    gradient_bytes_wire: int,
+    collectives_outside_steps: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The summary's `traffic` object: what one device sends per step, against dense Horovod.
+
+    `device_tx_bytes_per_step_model` is the step's wire bytes times what the collective makes a
+    rank send (ring allreduce 2(N-1)/N, ring allgather N-1); the dense figure is a fp32 ring
+    allreduce of the same gradients on the same ranks. Their ratio is the per-device traffic
+    ratio, which `compression_ratio` (payload bytes only) is not once N > 2.
+    """
+    from globaldl.collectives import tx_bytes_per_wire_byte
+
+    factor = tx_bytes_per_wire_byte(combine, ranks)
+    dense_factor = tx_bytes_per_wire_byte("sum", ranks)
+    model = factor * gradient_bytes_wire / steps if steps > 0 else 0.0
+    dense = dense_factor * gradient_bytes_raw / steps if steps > 0 else 0.0
+    return {
+        "device_tx_bytes_per_step_model": model,
+        "dense_device_tx_bytes_per_step_model": dense,
+        "traffic_ratio_vs_dense": dense / model if model > 0 else None,
+        "tx_bytes_per_wire_byte": factor,
+        "collectives_outside_steps": collectives_outside_steps,
+    }
+
+
 def check_writable(path: Path) -> None:
     """Fail before training if the summary's directory cannot take the file."""
     directory = Path(path).resolve().parent

@@ -478,6 +478,20 @@ class Trainer:
                 totals.gradient_bytes_raw, totals.gradient_bytes_wire
             ),
             "compression": settings.compression_settings(),
+            "exchange": {
+                "combine": self.compressor.combine.value,
+                "collectives_per_step": Exchange.collectives_per_step(self.compressor),
+                "hierarchy": "none",
+                "horovod_started_unix_seconds": self.exchange.started_unix_seconds,
+            },
+            "traffic": summary.traffic(
+                combine=self.compressor.combine.value,
+                ranks=self.size,
+                steps=totals.steps,
+                gradient_bytes_raw=totals.gradient_bytes_raw,
+                gradient_bytes_wire=totals.gradient_bytes_wire,
+                collectives_outside_steps=[call.to_dict() for call in self.exchange.ledger.calls()],
+            ),
             "resumed_from_epoch": first_epoch if settings.resume else None,
             "devices": devices,
             "weight_digests": digests,
