@@ -4,26 +4,56 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import IO
 
 from globaldl.fleet.accounting import ByteAccounting, account_bytes
-from globaldl.fleet.fleet import Fleet, read_interface_counters
+from globaldl.fleet.calibration import find_calibration
+from globaldl.fleet.coordination import count_cycles
+from globaldl.fleet.fleet import DEVICE_INTERFACE, Fleet, read_interface_counters
 from globaldl.fleet.sshd import SSH_PORT
 from globaldl.fleet.state import DeviceState
-from globaldl.fleet.system import write_atomically
+from globaldl.fleet.system import run, write_atomically
 
 BIN = Path(sys.executable).parent
 DEFAULT_RUNS_DIR = Path("runs/fleet")
 DEFAULT_START_TIMEOUT_SECONDS = 60
+# Horovod's own default when HOROVOD_CYCLE_TIME is not set.
+HOROVOD_DEFAULT_CYCLE_TIME_MS = 1.0
 # How long `fleet run` waits for each device's sshd to answer before it refuses to launch.
 REACH_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass
+class WorkerOutput:
+    """Bytes and lines of each rank's output, as horovodrun relays it (`[RANK]<stdout>:...`).
+
+    A worker's output crosses its device's uplink inside the ssh session; horovodrun adds the
+    prefix on this side, so the bytes on the wire are the line without it.
+    """
+
+    bytes_by_rank: Counter[int] = field(default_factory=Counter)
+    lines_by_rank: Counter[int] = field(default_factory=Counter)
+
+    PREFIX = re.compile(rb"\[(\d+)\]<(?:stdout|stderr)>:")
+
+    def count(self, line: bytes) -> None:
+        """Count one line of horovodrun's output (its own lines carry no rank and are skipped)."""
+        match = self.PREFIX.search(line)
+        if match:
+            rank = int(match.group(1))
+            self.bytes_by_rank[rank] += len(line) - match.end()
+            self.lines_by_rank[rank] += 1
 
 
 @dataclass(frozen=True)
@@ -41,6 +71,7 @@ class FleetRunResult:
     accounting: ByteAccounting | None
     accounting_path: Path | None
     targets_path: Path | None
+    worker_output: WorkerOutput = field(default_factory=WorkerOutput)
 
 
 @dataclass(frozen=True)
@@ -122,10 +153,56 @@ def horovodrun_argv(
         str(identity_file),
         "--start-timeout",
         str(start_timeout_seconds),
+        # Horovod caches its ssh check for an hour: a device revived since would be trusted
+        # unchecked, and each run would open one ssh session or two depending on the cache.
+        "--disable-cache",
     ]
     if network_interface:
         argv += ["--network-interface", network_interface]
     return argv + worker_argv
+
+
+def horovod_network_interface(requested: str | None = None) -> str:
+    """The interface horovodrun is told to use: `requested`, or the devices' own (eth0).
+
+    Left to probe by itself, horovodrun has every device check the next one's interfaces in a
+    ring; a single device checks itself, so its loopback passes as routed and Horovod picks
+    `lo` or `eth0` in set order, which changes from process to process. With `lo` the worker
+    looks for the rendezvous server at 127.0.0.1 inside its own namespace and gives up with
+    "HTTP GET request failed too many times". Named explicitly, the workers use their eth0 and
+    horovodrun serves the rendezvous on this host's interface of that name, which the devices
+    reach through their default route over the bridge.
+    """
+    import psutil
+
+    interface = requested or DEVICE_INTERFACE
+    addresses = psutil.net_if_addrs().get(interface, [])
+    if not any(address.family == socket.AF_INET for address in addresses):
+        raise ValueError(
+            f"this host has no IPv4 address on {interface!r}, where horovodrun would serve the "
+            "rendezvous (it uses the host's interface of the name the workers use); interfaces "
+            f"with one: {', '.join(sorted(_ipv4_interfaces())) or 'none'}"
+        )
+    return interface
+
+
+def _ipv4_interfaces() -> list[str]:
+    import psutil
+
+    return [
+        name
+        for name, addresses in psutil.net_if_addrs().items()
+        if any(address.family == socket.AF_INET for address in addresses)
+    ]
+
+
+def cycle_time_ms_of(env: dict[str, str] | None) -> float:
+    """HOROVOD_CYCLE_TIME of the run's environment, in ms (Horovod's default if unset)."""
+    value = (env if env is not None else os.environ).get("HOROVOD_CYCLE_TIME")
+    try:
+        return float(value) if value else HOROVOD_DEFAULT_CYCLE_TIME_MS
+    except ValueError:
+        raise ValueError(f"HOROVOD_CYCLE_TIME must be a number of ms, got {value!r}") from None
 
 
 class UnreachableDeviceError(ConnectionError):
@@ -191,6 +268,48 @@ def train_argv(
     return args
 
 
+def read_tcp_counters(netns: str) -> dict[str, int]:
+    """TCP segments a device sent and retransmitted (its namespace's /proc/net/snmp).
+
+    A retransmitted segment crosses the uplink twice: on a shaped link whose queue outgrows
+    the retransmission timeout, TCP resends data that was only delayed.
+    """
+    lines = [
+        line.split()
+        for line in run(["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"]).stdout.splitlines()
+        if line.startswith("Tcp:")
+    ]
+    if len(lines) != 2:
+        raise ValueError(f"no Tcp counters in /proc/net/snmp of {netns}")
+    values = dict(zip(lines[0][1:], lines[1][1:], strict=True))
+    return {
+        "tcp_out_segments": int(values["OutSegs"]),
+        "tcp_retransmitted_segments": int(values["RetransSegs"]),
+    }
+
+
+def device_counters(name: str) -> dict[str, int]:
+    """A device's interface counters and TCP segment counters, read from its namespace."""
+    return {**read_interface_counters(name), **read_tcp_counters(name)}
+
+
+def cycles_in_timeline(env: dict[str, str] | None, since_unix_seconds: float) -> int | None:
+    """Horovod's cycles in the run, when it wrote a timeline marking them; else None.
+
+    With HOROVOD_TIMELINE=PATH and HOROVOD_TIMELINE_MARK_CYCLES=1 rank 0 marks every cycle,
+    and every rank runs the same cycles: the byte accounting then models coordination per
+    cycle instead of per second. (The timeline's writer thread spins on rank 0's CPU: for
+    accounting runs, not for timing ones.)
+    """
+    variables = env if env is not None else os.environ
+    timeline = Path(variables.get("HOROVOD_TIMELINE", ""))
+    if variables.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") in ("", "0") or not timeline.is_file():
+        return None
+    if timeline.stat().st_mtime < since_unix_seconds:
+        return None
+    return count_cycles(timeline)
+
+
 def new_run_id() -> str:
     """A run id from the launch time, e.g. fleet-20250101-120000."""
     return datetime.now(timezone.utc).strftime("fleet-%Y%m%d-%H%M%S")
@@ -223,7 +342,7 @@ def run_on_fleet(
         Path(state.identity_file),
         worker_argv,
         start_timeout_seconds=start_timeout_seconds,
-        network_interface=network_interface,
+        network_interface=horovod_network_interface(network_interface),
         elastic=elastic,
         discovery=discovery_script(fleet.state_dir) if elastic is not None else None,
     )
@@ -237,11 +356,12 @@ def run_on_fleet(
             hosts=[(d.address, 1) for d in devices],
             base_port=metrics_port,
         )
-    counters_before = {d.name: read_interface_counters(d.name) for d in devices}
+    counters_before = {d.name: device_counters(d.name) for d in devices}
     started_wall = time.time()
     started = time.monotonic()
+    output = WorkerOutput()
     try:
-        returncode = _run_bounded(argv, timeout_seconds, env)
+        returncode = _run_bounded(argv, timeout_seconds, env, output)
     finally:
         seconds = time.monotonic() - started
         if targets_path is not None:
@@ -250,7 +370,7 @@ def run_on_fleet(
             remove_targets(targets_dir, run_id)  # type: ignore[arg-type]
         # Workers orphaned by a failed or timed-out launch would hold the device (and its port).
         fleet.kill_workers()
-    counters_after = {d.name: read_interface_counters(d.name) for d in devices}
+    counters_after = {d.name: device_counters(d.name) for d in devices}
     accounting = accounting_path = None
     # A summary left by an earlier run must not be accounted against this run's counters.
     if (
@@ -258,8 +378,23 @@ def run_on_fleet(
         and summary_path.exists()
         and summary_path.stat().st_mtime >= started_wall
     ):
+        summary = json.loads(summary_path.read_text())
+        cycle_time_ms = cycle_time_ms_of(env)
+        cycles = cycles_in_timeline(env, since_unix_seconds=started_wall)
         accounting = account_bytes(
-            counters_before, counters_after, json.loads(summary_path.read_text()), seconds
+            counters_before,
+            counters_after,
+            summary,
+            seconds,
+            log_bytes_by_rank=output.bytes_by_rank,
+            summary_written_unix_seconds=summary_path.stat().st_mtime,
+            cycle_time_ms=cycle_time_ms,
+            calibration=find_calibration(
+                ranks=int(summary.get("ranks", len(devices))),
+                cycle_time_ms=cycle_time_ms,
+                cpu_cores_per_device=devices[0].cpu_cores if devices else None,
+            ),
+            coordination_cycles=cycles,
         )
         accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
         write_atomically(accounting_path, json.dumps(accounting.to_dict(), indent=2) + "\n")
@@ -275,14 +410,34 @@ def run_on_fleet(
         accounting=accounting,
         accounting_path=accounting_path,
         targets_path=targets_path,
+        worker_output=output,
     )
 
 
-def _run_bounded(argv: list[str], timeout_seconds: float, env: dict[str, str] | None) -> int:
-    """Run horovodrun in its own process group; on timeout or Ctrl-C stop the whole group."""
+def _run_bounded(
+    argv: list[str],
+    timeout_seconds: float,
+    env: dict[str, str] | None,
+    output: WorkerOutput | None = None,
+) -> int:
+    """Run horovodrun in its own process group; on timeout or Ctrl-C stop the whole group.
+
+    Its stdout and stderr pass through unchanged; with `output`, each rank's lines are counted.
+    """
     process = subprocess.Popen(
-        argv, env=env if env is not None else os.environ.copy(), start_new_session=True
+        argv,
+        env=env if env is not None else os.environ.copy(),
+        start_new_session=True,
+        stdout=subprocess.PIPE if output is not None else None,
+        stderr=subprocess.PIPE if output is not None else None,
     )
+    relays = []
+    if output is not None:
+        assert process.stdout is not None and process.stderr is not None
+        for source, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
+            relay = threading.Thread(target=_relay, args=(source, sink, output), daemon=True)
+            relay.start()
+            relays.append(relay)
     try:
         return process.wait(timeout=timeout_seconds)
     except subprocess.TimeoutExpired:
@@ -293,6 +448,22 @@ def _run_bounded(argv: list[str], timeout_seconds: float, env: dict[str, str] | 
     except BaseException:
         _stop_group(process)
         raise
+    finally:
+        for relay in relays:
+            relay.join(timeout=10)
+
+
+def _relay(source: IO[bytes], sink: IO[str], output: WorkerOutput) -> None:
+    """Copy horovodrun's lines to our own stream, counting each rank's bytes."""
+    target = getattr(sink, "buffer", None)
+    for line in iter(source.readline, b""):
+        output.count(line)
+        if target is not None:
+            target.write(line)
+            target.flush()
+        else:
+            sink.write(line.decode(errors="replace"))
+            sink.flush()
 
 
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
