@@ -100,12 +100,16 @@ def probe(out_dir: Path, settle_seconds: float, idle_seconds: float, interface: 
     time.sleep(settle_seconds)
     rank, size = core.rank(), core.size()
     timeline = Path(out_dir) / "cycles.timeline.json"
-    # Rank 0 coordinates, and every rank runs the same cycles: its timeline marks each one.
-    core.start_timeline(str(timeline), mark_cycles=True)
+    # Rank 0 coordinates, and every rank runs the same cycles: its timeline marks each one
+    # (possible only when Horovod started with HOROVOD_TIMELINE=DYNAMIC).
+    counting = os.environ.get("HOROVOD_TIMELINE") == "DYNAMIC"
+    if counting:
+        core.start_timeline(str(timeline), mark_cycles=True)
     window_start, started = read_own_interface(interface), time.monotonic()
     time.sleep(idle_seconds)
     window_end, seconds = read_own_interface(interface), time.monotonic() - started
-    core.stop_timeline()
+    if counting:
+        core.stop_timeline()
     core.shutdown()
     finished = read_own_interface(interface)
     record = {
@@ -119,7 +123,7 @@ def probe(out_dir: Path, settle_seconds: float, idle_seconds: float, interface: 
         "idle_seconds": seconds,
         "shutdown": asdict(_delta(window_end, finished)),
     }
-    if rank == 0:
+    if rank == 0 and counting:
         record["idle_cycles"] = count_cycles(timeline)
     path = Path(out_dir) / f"rank-{rank:05d}.json"
     temporary = path.with_suffix(".tmp")
@@ -213,6 +217,10 @@ class IdleCoordination:
         if len(ranks) != 1 or [r["rank"] for r in ordered] != list(range(ranks.pop())):
             raise ValueError(
                 f"probe records do not cover ranks 0..N-1 once: {[r['rank'] for r in ordered]}"
+            )
+        if "idle_cycles" not in ordered[0]:
+            raise ValueError(
+                "rank 0's probe counted no cycles: run it with HOROVOD_TIMELINE=DYNAMIC"
             )
         idle = [InterfaceDelta(**record["idle"]) for record in ordered]
         seconds = [record["idle_seconds"] for record in ordered]
