@@ -22,7 +22,9 @@ interface's packet counters, not modelled here.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,3 +235,90 @@ class CollectiveLedger:
 def calls_from_dicts(entries: list[dict[str, Any]]) -> list[CollectiveCall]:
     """Inverse of `CollectiveCall.to_dict` for a list (read back from a run summary)."""
     return [CollectiveCall(**entry) for entry in entries]
+
+
+@dataclass(frozen=True)
+class RunCollectives:
+    """A run's collectives as its summary records them, and what each rank sent in them."""
+
+    ranks: int
+    steps: int
+    gradient_bytes_wire: int
+    combine: str
+    collectives_per_step: int
+    element_bytes: int
+    collectives_outside_steps: tuple[CollectiveCall, ...]
+    devices: tuple[str, ...] = ()
+    horovod_started_unix_seconds: float | None = None
+
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, Any]) -> RunCollectives:
+        """Read a run summary (old summaries without `exchange`: combine from compression)."""
+        for name in ("gradient_bytes_wire", "steps", "ranks"):
+            if name not in summary:
+                raise ValueError(f"run summary lacks {name!r}; fields present: {sorted(summary)}")
+        exchange = summary.get("exchange") or {}
+        compression = summary.get("compression") or {}
+        combine = exchange.get("combine") or _combine_from_compression(compression)
+        traffic = summary.get("traffic") or {}
+        return cls(
+            ranks=int(summary["ranks"]),
+            steps=int(summary["steps"]),
+            gradient_bytes_wire=int(summary["gradient_bytes_wire"]),
+            combine=combine,
+            collectives_per_step=int(exchange.get("collectives_per_step", 1)),
+            element_bytes=(2 if compression.get("quantize") == "fp16" else 4)
+            if combine == "sum"
+            else 1,
+            collectives_outside_steps=tuple(
+                calls_from_dicts(list(traffic.get("collectives_outside_steps", [])))
+            ),
+            devices=tuple(summary.get("devices") or ()),
+            horovod_started_unix_seconds=exchange.get("horovod_started_unix_seconds"),
+        )
+
+    @property
+    def tx_bytes_per_wire_byte(self) -> float:
+        """The step collective's factor: ring allreduce 2(N-1)/N, ring allgather N-1."""
+        return tx_bytes_per_wire_byte(self.combine, self.ranks)
+
+    def gradient_traffic(self, rank: int) -> RankTraffic:
+        """What `rank` sent for the step's gradients over the run, framing counted."""
+        if self.steps <= 0:
+            return RankTraffic()
+        if self.combine == "sum":
+            per_step = self.gradient_bytes_wire // self.steps
+            one = rank_traffic("allreduce", per_step, self.ranks, rank, self.element_bytes)
+            return one.times(self.steps)
+        # A variable-length payload sends its 4-byte length in an allgather of its own first.
+        length_bytes = 4 if self.collectives_per_step > 1 else 0
+        payload_per_step = (self.gradient_bytes_wire - length_bytes * self.steps) // self.steps
+        one = rank_traffic("allgather", payload_per_step, self.ranks, rank)
+        if length_bytes:
+            one = one + rank_traffic("allgather", length_bytes, self.ranks, rank)
+        return one.times(self.steps)
+
+    def other_traffic(self, rank: int) -> RankTraffic:
+        """What `rank` sent in every collective outside the steps (broadcasts, sums, gathers)."""
+        total = RankTraffic()
+        for call in self.collectives_outside_steps:
+            total = total + call.traffic(self.ranks, rank)
+        return total
+
+    def rank_of(self, device: str) -> int | None:
+        """The device's rank from the summary's device names (None when not listed once)."""
+        return self.devices.index(device) if self.devices.count(device) == 1 else None
+
+    def tx_bytes(self, traffic_of: Callable[[int], RankTraffic], rank: int | None) -> float:
+        """`traffic_of(rank)`'s bytes sent; the mean over ranks when the rank is unknown."""
+        if rank is not None:
+            return float(traffic_of(rank).tx_bytes)
+        return statistics.fmean(traffic_of(r).tx_bytes for r in range(self.ranks))
+
+
+def _combine_from_compression(compression: Mapping[str, Any]) -> str:
+    """How a summary without `exchange` combined: dense fp32/fp16 summed, the rest gathered."""
+    if not compression:
+        return "sum"
+    dense = compression.get("prune", "none") == "none"
+    return "sum" if dense and compression.get("quantize", "none") in ("none", "fp16") else "gather"

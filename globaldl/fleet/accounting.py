@@ -24,12 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from globaldl.collectives import (
-    RankTraffic,
-    calls_from_dicts,
-    rank_traffic,
-    tx_bytes_per_wire_byte,
-)
+from globaldl.collectives import RunCollectives
 from globaldl.fleet.coordination import HEADER_BYTES_PER_PACKET, Calibration
 
 COUNTER_FIELDS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
@@ -74,91 +69,6 @@ class DeviceBytes:
     def payload_tx_bytes(self) -> int:
         """TCP payload sent: the uplink counter without the headers."""
         return self.tx_bytes - self.header_tx_bytes
-
-
-@dataclass(frozen=True)
-class RunExchange:
-    """What the byte accounting reads from a run summary: ranks, steps and the collectives."""
-
-    ranks: int
-    steps: int
-    gradient_bytes_wire: int
-    combine: str
-    collectives_per_step: int
-    element_bytes: int
-    collectives_outside_steps: tuple[Any, ...]
-    devices: tuple[str, ...] = ()
-    horovod_started_unix_seconds: float | None = None
-
-    @classmethod
-    def from_summary(cls, summary: Mapping[str, Any]) -> RunExchange:
-        """Read a run summary (old summaries without `exchange`: combine from compression)."""
-        for name in ("gradient_bytes_wire", "steps", "ranks"):
-            if name not in summary:
-                raise ValueError(f"run summary lacks {name!r}; fields present: {sorted(summary)}")
-        exchange = summary.get("exchange") or {}
-        compression = summary.get("compression") or {}
-        combine = exchange.get("combine") or _combine_from_compression(compression)
-        traffic = summary.get("traffic") or {}
-        return cls(
-            ranks=int(summary["ranks"]),
-            steps=int(summary["steps"]),
-            gradient_bytes_wire=int(summary["gradient_bytes_wire"]),
-            combine=combine,
-            collectives_per_step=int(exchange.get("collectives_per_step", 1)),
-            element_bytes=(2 if compression.get("quantize") == "fp16" else 4)
-            if combine == "sum"
-            else 1,
-            collectives_outside_steps=tuple(
-                calls_from_dicts(list(traffic.get("collectives_outside_steps", [])))
-            ),
-            devices=tuple(summary.get("devices") or ()),
-            horovod_started_unix_seconds=exchange.get("horovod_started_unix_seconds"),
-        )
-
-    @property
-    def tx_bytes_per_wire_byte(self) -> float:
-        """The step collective's factor: ring allreduce 2(N-1)/N, ring allgather N-1."""
-        return tx_bytes_per_wire_byte(self.combine, self.ranks)
-
-    def gradient_traffic(self, rank: int) -> RankTraffic:
-        """What `rank` sent for the step's gradients over the run, framing counted."""
-        if self.steps <= 0:
-            return RankTraffic()
-        if self.combine == "sum":
-            per_step = self.gradient_bytes_wire // self.steps
-            one = rank_traffic("allreduce", per_step, self.ranks, rank, self.element_bytes)
-            return one.times(self.steps)
-        # A variable-length payload sends its 4-byte length in an allgather of its own first.
-        length_bytes = 4 if self.collectives_per_step > 1 else 0
-        payload_per_step = (self.gradient_bytes_wire - length_bytes * self.steps) // self.steps
-        one = rank_traffic("allgather", payload_per_step, self.ranks, rank)
-        if length_bytes:
-            one = one + rank_traffic("allgather", length_bytes, self.ranks, rank)
-        return one.times(self.steps)
-
-    def other_traffic(self, rank: int) -> RankTraffic:
-        """What `rank` sent in every collective outside the steps (broadcasts, sums, gathers)."""
-        total = RankTraffic()
-        for call in self.collectives_outside_steps:
-            total = total + call.traffic(self.ranks, rank)
-        return total
-
-    def rank_of(self, device: str) -> int | None:
-        """The device's rank from the summary's device names (None when not listed once)."""
-        return self.devices.index(device) if self.devices.count(device) == 1 else None
-
-
-def _combine_from_compression(compression: Mapping[str, Any]) -> str:
-    """How a summary without `exchange` combined: dense fp32/fp16 summed, the rest gathered."""
-    if not compression:
-        return "sum"
-    dense = compression.get("prune", "none") == "none"
-    return "sum" if dense and compression.get("quantize", "none") in ("none", "fp16") else "gather"
-
-
-def _mean_over_ranks(ranks: int, traffic_of: Any) -> float:
-    return statistics.fmean(traffic_of(rank).tx_bytes for rank in range(ranks))
 
 
 @dataclass(frozen=True)
@@ -238,7 +148,7 @@ class ByteAccounting:
     2(N-1)/N for the ring allreduce of dense ones), plus everything else listed above.
     """
 
-    run: RunExchange
+    run: RunCollectives
     devices: tuple[DeviceAccount, ...]
     run_seconds: float | None = None
     coordination_seconds: float | None = None
@@ -307,7 +217,7 @@ class ByteAccounting:
         lines = [
             "byte accounting: device uplink counters against the run summary (bytes)",
             f"  {'device':<10} {'tx':>12} {'headers':>10} {'gradients':>11} {'other coll.':>11} "
-            f"{'logs':>8} {'beyond':>10} {'unexplained':>12}",
+            f"{'logs':>8} {'resent':>8} {'beyond':>10} {'unexplained':>12}",
         ]
         for account in self.devices:
             unexplained = account.unexplained_tx_bytes
@@ -315,6 +225,7 @@ class ByteAccounting:
                 f"  {account.device:<10} {account.measured.tx_bytes:>12,} "
                 f"{account.measured.header_tx_bytes:>10,} {account.gradient_tx_bytes:>11,.0f} "
                 f"{account.collectives_tx_bytes:>11,.0f} {account.log_tx_bytes:>8,.0f} "
+                f"{account.measured.retransmitted_payload_bytes:>8,.0f} "
                 f"{account.coordination_payload_bytes:>10,.0f} "
                 + (f"{unexplained:>12,.0f}" if unexplained is not None else f"{'n/a':>12}")
             )
@@ -325,6 +236,18 @@ class ByteAccounting:
             + ("ring allgather, N-1" if run.combine == "gather" else "ring allreduce, 2(N-1)/N")
             + ")"
         )
+        lines.append(
+            "  (headers: 66 B per packet; resent: TCP retransmissions, estimated; beyond: "
+            "payload beyond the run's own data"
+            + (", minus the calibrated launch and init" if self.calibration else "")
+            + "; unexplained: tx minus every modelled part)"
+        )
+        per_step = self.device_tx_bytes_per_step
+        if per_step is not None:
+            lines.append(
+                f"  per-device traffic measured: {per_step:,.0f} B per step (mean over devices, "
+                "everything the interface sent over the run)"
+            )
         rate = self.coordination_payload_bytes_per_second
         if rate is not None:
             lines.append(
@@ -361,7 +284,7 @@ def account_bytes(
     missing = sorted(set(before) ^ set(after))
     if missing:
         raise ValueError(f"counters before and after the run cover different devices: {missing}")
-    run = RunExchange.from_summary(summary)
+    run = RunCollectives.from_summary(summary)
     notes = []
     coordination_seconds = None
     if run.horovod_started_unix_seconds is not None and summary_written_unix_seconds is not None:
@@ -393,15 +316,11 @@ def account_bytes(
                 if key in before[name] and key in after[name]
             },
         )
+        # A summary without device names leaves the rank unknown: the mean over ranks then.
         rank = run.rank_of(name)
         if rank is None:
-            # Unknown rank (a summary without device names): the mean over ranks.
-            gradients = _mean_over_ranks(run.ranks, run.gradient_traffic)
-            others = _mean_over_ranks(run.ranks, run.other_traffic)
             log_bytes = statistics.fmean(logs.values()) if logs else 0.0
         else:
-            gradients = float(run.gradient_traffic(rank).tx_bytes)
-            others = float(run.other_traffic(rank).tx_bytes)
             log_bytes = float(logs.get(rank, 0))
         extra: dict[str, float | None] = {}
         if calibration is not None:
@@ -425,8 +344,8 @@ def account_bytes(
                 device=name,
                 rank=rank,
                 measured=measured,
-                gradient_tx_bytes=gradients,
-                collectives_tx_bytes=others,
+                gradient_tx_bytes=run.tx_bytes(run.gradient_traffic, rank),
+                collectives_tx_bytes=run.tx_bytes(run.other_traffic, rank),
                 log_tx_bytes=log_bytes,
                 **extra,
             )
