@@ -206,8 +206,16 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
             color="grey",
             label=f"auto rule: {COORDINATION_BYTES_PER_CYCLE} B per cycle",
         )
+        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
         axis.set_xscale("log")
         axis.set_yscale("log")
+        for scale in (axis.xaxis, axis.yaxis):
+            # Plain numbers on the log axes, no minor-tick labels.
+            scale.set_major_formatter(ScalarFormatter())
+            scale.set_minor_formatter(NullFormatter())
+        axis.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_xticks(cycles, [f"{cycle:g}" for cycle in cycles])
         axis.set_xlabel("HOROVOD_CYCLE_TIME (ms)")
         axis.set_ylabel("kB/s sent per device while idle (frames)")
         axis.grid(alpha=0.3)
