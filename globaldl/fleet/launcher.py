@@ -4,56 +4,33 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO
 
-from globaldl.fleet.accounting import ByteAccounting, account_bytes
-from globaldl.fleet.calibration import find_calibration
-from globaldl.fleet.coordination import count_cycles
-from globaldl.fleet.fleet import DEVICE_INTERFACE, Fleet, read_interface_counters
+from globaldl.fleet.accounting import ByteAccounting
+from globaldl.fleet.fleet import DEVICE_INTERFACE, Fleet
+from globaldl.fleet.readings import (
+    WorkerOutput,
+    account_fleet_run,
+    device_counters,
+    relay_output,
+)
 from globaldl.fleet.sshd import SSH_PORT
 from globaldl.fleet.state import DeviceState
-from globaldl.fleet.system import run, write_atomically
+from globaldl.fleet.system import write_atomically
 
 BIN = Path(sys.executable).parent
 DEFAULT_RUNS_DIR = Path("runs/fleet")
 DEFAULT_START_TIMEOUT_SECONDS = 60
-# Horovod's own default when HOROVOD_CYCLE_TIME is not set.
-HOROVOD_DEFAULT_CYCLE_TIME_MS = 1.0
 # How long `fleet run` waits for each device's sshd to answer before it refuses to launch.
 REACH_TIMEOUT_SECONDS = 5.0
-
-
-@dataclass
-class WorkerOutput:
-    """Bytes and lines of each rank's output, as horovodrun relays it (`[RANK]<stdout>:...`).
-
-    A worker's output crosses its device's uplink inside the ssh session; horovodrun adds the
-    prefix on this side, so the bytes on the wire are the line without it.
-    """
-
-    bytes_by_rank: Counter[int] = field(default_factory=Counter)
-    lines_by_rank: Counter[int] = field(default_factory=Counter)
-
-    PREFIX = re.compile(rb"\[(\d+)\]<(?:stdout|stderr)>:")
-
-    def count(self, line: bytes) -> None:
-        """Count one line of horovodrun's output (its own lines carry no rank and are skipped)."""
-        match = self.PREFIX.search(line)
-        if match:
-            rank = int(match.group(1))
-            self.bytes_by_rank[rank] += len(line) - match.end()
-            self.lines_by_rank[rank] += 1
 
 
 @dataclass(frozen=True)
@@ -196,15 +173,6 @@ def _ipv4_interfaces() -> list[str]:
     ]
 
 
-def cycle_time_ms_of(env: dict[str, str] | None) -> float:
-    """HOROVOD_CYCLE_TIME of the run's environment, in ms (Horovod's default if unset)."""
-    value = (env if env is not None else os.environ).get("HOROVOD_CYCLE_TIME")
-    try:
-        return float(value) if value else HOROVOD_DEFAULT_CYCLE_TIME_MS
-    except ValueError:
-        raise ValueError(f"HOROVOD_CYCLE_TIME must be a number of ms, got {value!r}") from None
-
-
 class UnreachableDeviceError(ConnectionError):
     """A live device's sshd did not answer within the bounded wait."""
 
@@ -266,48 +234,6 @@ def train_argv(
     ):
         return ["/bin/sh", "-c", 'exec "$@" --metrics-addr "$(hostname -i)"', "sh", *args]
     return args
-
-
-def read_tcp_counters(netns: str) -> dict[str, int]:
-    """TCP segments a device sent and retransmitted (its namespace's /proc/net/snmp).
-
-    A retransmitted segment crosses the uplink twice: on a shaped link whose queue outgrows
-    the retransmission timeout, TCP resends data that was only delayed.
-    """
-    lines = [
-        line.split()
-        for line in run(["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"]).stdout.splitlines()
-        if line.startswith("Tcp:")
-    ]
-    if len(lines) != 2:
-        raise ValueError(f"no Tcp counters in /proc/net/snmp of {netns}")
-    values = dict(zip(lines[0][1:], lines[1][1:], strict=True))
-    return {
-        "tcp_out_segments": int(values["OutSegs"]),
-        "tcp_retransmitted_segments": int(values["RetransSegs"]),
-    }
-
-
-def device_counters(name: str) -> dict[str, int]:
-    """A device's interface counters and TCP segment counters, read from its namespace."""
-    return {**read_interface_counters(name), **read_tcp_counters(name)}
-
-
-def cycles_in_timeline(env: dict[str, str] | None, since_unix_seconds: float) -> int | None:
-    """Horovod's cycles in the run, when it wrote a timeline marking them; else None.
-
-    With HOROVOD_TIMELINE=PATH and HOROVOD_TIMELINE_MARK_CYCLES=1 rank 0 marks every cycle,
-    and every rank runs the same cycles: the byte accounting then models coordination per
-    cycle instead of per second. (The timeline's writer thread spins on rank 0's CPU: for
-    accounting runs, not for timing ones.)
-    """
-    variables = env if env is not None else os.environ
-    timeline = Path(variables.get("HOROVOD_TIMELINE", ""))
-    if variables.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") in ("", "0") or not timeline.is_file():
-        return None
-    if timeline.stat().st_mtime < since_unix_seconds:
-        return None
-    return count_cycles(timeline)
 
 
 def new_run_id() -> str:
@@ -378,23 +304,15 @@ def run_on_fleet(
         and summary_path.exists()
         and summary_path.stat().st_mtime >= started_wall
     ):
-        summary = json.loads(summary_path.read_text())
-        cycle_time_ms = cycle_time_ms_of(env)
-        cycles = cycles_in_timeline(env, since_unix_seconds=started_wall)
-        accounting = account_bytes(
+        accounting = account_fleet_run(
             counters_before,
             counters_after,
-            summary,
+            summary_path,
             seconds,
-            log_bytes_by_rank=output.bytes_by_rank,
-            summary_written_unix_seconds=summary_path.stat().st_mtime,
-            cycle_time_ms=cycle_time_ms,
-            calibration=find_calibration(
-                ranks=int(summary.get("ranks", len(devices))),
-                cycle_time_ms=cycle_time_ms,
-                cpu_cores_per_device=devices[0].cpu_cores if devices else None,
-            ),
-            coordination_cycles=cycles,
+            output=output,
+            env=env,
+            started_unix_seconds=started_wall,
+            cpu_cores_per_device=devices[0].cpu_cores if devices else None,
         )
         accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
         write_atomically(accounting_path, json.dumps(accounting.to_dict(), indent=2) + "\n")
@@ -435,7 +353,7 @@ def _run_bounded(
     if output is not None:
         assert process.stdout is not None and process.stderr is not None
         for source, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
-            relay = threading.Thread(target=_relay, args=(source, sink, output), daemon=True)
+            relay = threading.Thread(target=relay_output, args=(source, sink, output), daemon=True)
             relay.start()
             relays.append(relay)
     try:
@@ -451,19 +369,6 @@ def _run_bounded(
     finally:
         for relay in relays:
             relay.join(timeout=10)
-
-
-def _relay(source: IO[bytes], sink: IO[str], output: WorkerOutput) -> None:
-    """Copy horovodrun's lines to our own stream, counting each rank's bytes."""
-    target = getattr(sink, "buffer", None)
-    for line in iter(source.readline, b""):
-        output.count(line)
-        if target is not None:
-            target.write(line)
-            target.flush()
-        else:
-            sink.write(line.decode(errors="replace"))
-            sink.flush()
 
 
 def _stop_group(process: subprocess.Popen[bytes]) -> None:

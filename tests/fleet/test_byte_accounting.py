@@ -12,7 +12,8 @@ from fleet_support import needs_fleet_system
 from globaldl.fleet.accounting import account_bytes
 from globaldl.fleet.calibration import measure_calibration
 from globaldl.fleet.fleet import Fleet
-from globaldl.fleet.launcher import cycles_in_timeline, run_on_fleet, train_argv
+from globaldl.fleet.launcher import run_on_fleet, train_argv
+from globaldl.fleet.readings import cycles_in_timeline
 
 pytestmark = [needs_fleet_system, pytest.mark.horovod]
 
