@@ -10,11 +10,13 @@ exchange cannot honour is refused when the run is built (`check_wire_spec`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
+from globaldl.collectives import CollectiveLedger
 from globaldl.compression import Combine, WireSpec
 from globaldl.hierarchy import Hierarchy
 
@@ -175,6 +177,9 @@ class Exchange:
 
         self._hvd = hvd
         hvd.init(process_sets="dynamic" if dynamic_process_sets else None)
+        # When Horovod's background loop (and its coordination traffic) started: unix seconds.
+        self.started_unix_seconds = time.time()
+        self.ledger = CollectiveLedger()
         self.hierarchy: Hierarchy | None = None
         self._site_set: Any = None
         self._leader_set: Any = None
@@ -246,14 +251,20 @@ class Exchange:
     def broadcast_variables(self, variables: list[tf.Variable], root_rank: int = 0) -> None:
         """Overwrite every rank's variables with the root's (initial state, resumed state)."""
         if variables:
+            for variable in variables:
+                self._record("broadcast", variable, root_rank)
             self._hvd.broadcast_variables(variables, root_rank=root_rank)
 
     def broadcast_value(self, value: tf.Tensor, name: str, root_rank: int = 0) -> tf.Tensor:
         """Send one tensor from the root to every rank."""
+        self._record("broadcast", value, root_rank)
         return self._hvd.broadcast(value, root_rank=root_rank, name=name)
 
     def broadcast_object(self, value: Any, name: str, root_rank: int = 0) -> Any:
-        """Send a picklable Python object from the root to every rank (elastic state)."""
+        """Send a picklable Python object from the root to every rank (elastic state).
+
+        Not in the ledger: only the root knows the pickled size before the call.
+        """
         return self._hvd.broadcast_object(value, root_rank=root_rank, name=name)
 
     def restart(self) -> None:
@@ -263,18 +274,28 @@ class Exchange:
 
     def sum_across_ranks(self, value: tf.Tensor, name: str) -> tf.Tensor:
         """Element-wise sum of a small tensor over all ranks (validation totals, flags)."""
+        self._record("allreduce", value)
         return self._hvd.allreduce(value, op=self._hvd.Sum, name=name)
 
     def gather_across_ranks(self, value: tf.Tensor, name: str) -> tf.Tensor:
         """Concatenate every rank's tensor along the first axis, in rank order."""
+        self._record("allgather", value)
         return self._hvd.allgather(value, name=name)
 
     def gather_text(self, text: str, name: str, max_bytes: int = 128) -> list[str]:
         """Every rank's short string (a device name, a digest), in rank order."""
         encoded = text.encode()[:max_bytes].ljust(max_bytes, b"\0")
         own = tf.constant(list(encoded), dtype=tf.uint8)
+        self._record("allgather", own)
         gathered = self._hvd.allgather(own, name=name).numpy().reshape(self.size, max_bytes)
         return [row.tobytes().rstrip(b"\0").decode(errors="replace") for row in gathered]
+
+    def _record(self, op: str, value: tf.Tensor | tf.Variable, root_rank: int = 0) -> None:
+        """Count one eager collective in the ledger (the byte accounting models it per rank)."""
+        element_bytes = value.dtype.size
+        self.ledger.record(
+            op, int(value.shape.num_elements()) * element_bytes, element_bytes, root=root_rank
+        )
 
     def exchange_payload(
         self, payload: tf.Tensor, spec: WireSpec, round_index: int = 0

@@ -463,6 +463,7 @@ class Trainer:
             "combine": self.wire_spec.combine.value,
             "collectives_per_step": collectives_per_step(self.wire_spec, self.exchange.hierarchy),
             "hierarchy": self.settings.hierarchy,
+            "horovod_started_unix_seconds": self.exchange.started_unix_seconds,
         }
 
     def _traffic_summary(self, totals: RunTotals) -> dict[str, Any]:
@@ -472,11 +473,12 @@ class Trainer:
             self.wire_spec, self.size, payload_bytes, self.exchange.hierarchy
         )
         dense = dense_device_tx_bytes_per_step_model(self.compressor.raw_bytes_per_step, self.size)
-        return {
-            "device_tx_bytes_per_step_model": modelled,
-            "dense_device_tx_bytes_per_step_model": dense,
-            "traffic_ratio_vs_dense": dense / modelled if modelled > 0 else None,
-        }
+        return summary.traffic(
+            device_tx_bytes_per_step_model=modelled,
+            dense_device_tx_bytes_per_step_model=dense,
+            payload_bytes_per_step=payload_bytes,
+            collectives_outside_steps=[call.to_dict() for call in self.exchange.ledger.calls()],
+        )
 
     def finish(
         self,
