@@ -1,13 +1,16 @@
 """The gradient exchange: the only module that calls Horovod's collectives.
 
 Everything that crosses the network goes through `Exchange`: the initial broadcast, the one
-collective per training step that carries the compressed gradients, and the small reductions
-that average validation results. The collective is chosen from what the codec declares
-(`Combine.SUM` goes through allreduce, `Combine.GATHER` through allgather), never from its name.
+collective per training step that carries the compressed gradients, the small reductions
+that average validation results, and the averaging of what each rank's forward pass updates
+on its own (batch normalisation's moving statistics) at epoch ends and commits. The step's
+collective is chosen from what the codec declares (`Combine.SUM` goes through allreduce,
+`Combine.GATHER` through allgather), never from its name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +78,40 @@ class Exchange:
     def sum_across_ranks(self, value: tf.Tensor, name: str) -> tf.Tensor:
         """Element-wise sum of a small tensor over all ranks (validation totals, flags)."""
         return self._hvd.allreduce(value, op=self._hvd.Sum, name=name)
+
+    def average_variables(self, variables: Sequence[tf.Variable], name: str) -> int:
+        """Set every rank's `variables` to their mean over all ranks; return the collectives run.
+
+        The variables travel flattened into one buffer per dtype, so a model's whole set of
+        moving statistics costs one allreduce (one round trip on a high-latency link), not one
+        per layer. Allreduce hands every rank the same sum, so afterwards every rank holds
+        bitwise the same values. Only floating-point variables can be averaged.
+        """
+        if not variables or self.size == 1:
+            return 0
+        by_dtype: dict[tf.DType, list[tf.Variable]] = {}
+        for variable in variables:
+            if not variable.dtype.is_floating:
+                raise ValueError(
+                    f"variable {variable.name} has dtype {variable.dtype.name}; only "
+                    "floating-point variables can be averaged across ranks"
+                )
+            by_dtype.setdefault(variable.dtype, []).append(variable)
+        for dtype, group in by_dtype.items():
+            flat = tf.concat([tf.reshape(variable, [-1]) for variable in group], axis=0)
+            averaged = self._hvd.allreduce(flat, op=self._hvd.Average, name=f"{name}_{dtype.name}")
+            sizes = [int(tf.size(variable)) for variable in group]
+            for variable, part in zip(group, tf.split(averaged, sizes), strict=True):
+                variable.assign(tf.reshape(part, variable.shape))
+        return len(by_dtype)
+
+    def sync_batch_normalization(self) -> type:
+        """Horovod's SyncBatchNormalization layer class (a tf-keras BatchNormalization).
+
+        In training it replaces each rank's batch mean and variance by the mean over all ranks
+        (one allreduce per layer in the forward pass, and one more in the backward pass).
+        """
+        return self._hvd.SyncBatchNormalization
 
     def gather_across_ranks(self, value: tf.Tensor, name: str) -> tf.Tensor:
         """Concatenate every rank's tensor along the first axis, in rank order."""

@@ -28,6 +28,8 @@ OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam")
 PRUNE_NAMES: tuple[str, ...] = ("none", "topk", "randomk", "threshold", "dgc")
 QUANTIZE_NAMES: tuple[str, ...] = ("none", "fp16", "int8", "qsgd", "terngrad", "sign")
 BALANCE_NAMES: tuple[str, ...] = ("equal", "speed")
+BATCH_NORM_NAMES: tuple[str, ...] = ("local", "sync")
+LR_DECAY_NAMES: tuple[str, ...] = ("none", "cosine")
 
 
 class SettingsError(ValueError):
@@ -43,6 +45,9 @@ class TrainSettings:
     depth: int = 20
     layers: int = 3
     width: int = 128
+    # Batch normalisation: each rank's own batch statistics (moving statistics averaged at
+    # epoch ends and commits), or Horovod's synchronised statistics (collectives every step).
+    batch_norm: str = "local"
     epochs: int = 2
     batch_size: int = 16
     max_steps_per_epoch: int | None = None
@@ -50,6 +55,8 @@ class TrainSettings:
     learning_rate: float = 0.01
     momentum: float = 0.9
     scale_lr: bool = True
+    lr_warmup_epochs: int = 0
+    lr_decay: str = "none"
     seed: int = 0
     data_dir: Path | None = None
     input_delay_ms: float = 0.0
@@ -90,6 +97,14 @@ class TrainSettings:
         _check_choice("prune", self.prune, PRUNE_NAMES)
         _check_choice("quantize", self.quantize, QUANTIZE_NAMES)
         _check_choice("balance", self.balance, BALANCE_NAMES)
+        _check_choice("batch_norm", self.batch_norm, BATCH_NORM_NAMES)
+        _check_choice("lr_decay", self.lr_decay, LR_DECAY_NAMES)
+        _check_at_least("lr_warmup_epochs", self.lr_warmup_epochs, 0)
+        if self.lr_warmup_epochs > self.epochs:
+            raise SettingsError(
+                f"lr_warmup_epochs {self.lr_warmup_epochs} is not allowed; use at most epochs "
+                f"({self.epochs})"
+            )
         if self.model == "resnet":
             _check_choice("depth", self.depth, RESNET_DEPTHS)
         _check_at_least("layers", self.layers, 1)
@@ -129,6 +144,12 @@ class TrainSettings:
             raise SettingsError(
                 "balance 'speed' and elastic cannot be combined yet: the speeds are measured "
                 "once, before training, for a fixed set of devices"
+            )
+        if self.balance == "speed" and self.batch_norm == "sync":
+            raise SettingsError(
+                "balance 'speed' and batch_norm 'sync' cannot be combined: the speed probe runs "
+                "the model alone on each rank, and synchronised statistics weight every rank "
+                "equally whatever its batch"
             )
         if self.balance == "speed" and self.data_dir is not None:
             raise SettingsError(
