@@ -87,8 +87,6 @@ class Exchange:
         per layer. Allreduce hands every rank the same sum, so afterwards every rank holds
         bitwise the same values. Only floating-point variables can be averaged.
         """
-        if not variables or self.size == 1:
-            return 0
         by_dtype: dict[tf.DType, list[tf.Variable]] = {}
         for variable in variables:
             if not variable.dtype.is_floating:
@@ -97,6 +95,8 @@ class Exchange:
                     "floating-point variables can be averaged across ranks"
                 )
             by_dtype.setdefault(variable.dtype, []).append(variable)
+        if self.size == 1:
+            return 0
         for dtype, group in by_dtype.items():
             flat = tf.concat([tf.reshape(variable, [-1]) for variable in group], axis=0)
             averaged = self._hvd.allreduce(flat, op=self._hvd.Average, name=f"{name}_{dtype.name}")

@@ -458,6 +458,39 @@ def balance(
     raise typer.Exit(code=_exit_code([report]))
 
 
+@app.command()
+def learning(
+    quick: Quick = False,
+    profile: Annotated[str, typer.Option(help="Link profile of the 4 devices.")] = "lte",
+    cycle_time_ms: CycleTime = "auto",
+    out: Out = None,
+    only: Only = None,
+    dry_run: DryRun = False,
+    state_dir: StateDir = None,
+    prefix: Prefix = None,
+    subnet: Subnet = None,
+) -> None:
+    """ResNet-8 and the video model: 4 compressed devices vs a 1-process dense calibration."""
+
+    def build() -> Experiment:
+        from globaldl.experiments import LearningExperiment
+
+        return LearningExperiment(
+            quick=quick, cycle_time_ms=parse_cycle_time(cycle_time_ms), profile=profile
+        )
+
+    report = _execute(
+        build,
+        out=out,
+        dry_run=dry_run,
+        state_dir=state_dir,
+        prefix=prefix,
+        subnet=subnet,
+        only=_labels(only),
+    )
+    raise typer.Exit(code=_exit_code([report]))
+
+
 @app.command(name="all")
 def all_experiments(
     quick: Quick = False,
@@ -502,7 +535,9 @@ def all_experiments(
 def report(
     name: Annotated[
         str,
-        typer.Argument(help="devices, resources, ablation, bottleneck, recovery or balance."),
+        typer.Argument(
+            help="devices, resources, ablation, bottleneck, recovery, balance or learning."
+        ),
     ],
     quick: Quick = False,
     out: Out = None,

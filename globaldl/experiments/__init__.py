@@ -15,6 +15,7 @@ from globaldl.experiments.experiment import (
     run_experiment,
     write_outputs,
 )
+from globaldl.experiments.learning import LearningExperiment, LearningWorkload
 from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
@@ -27,6 +28,7 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "bottleneck": BottleneckExperiment,
     "recovery": RecoveryExperiment,
     "balance": BalanceExperiment,
+    "learning": LearningExperiment,
 }
 
 
@@ -53,6 +55,8 @@ __all__ = [
     "ExperimentReport",
     "ExperimentRunner",
     "FleetConfig",
+    "LearningExperiment",
+    "LearningWorkload",
     "RecoveryExperiment",
     "ResourcesExperiment",
     "RunResult",
