@@ -128,4 +128,5 @@ def test_all_dry_run_prints_every_plan() -> None:
         ("bottleneck", "4"),
         ("recovery", "2"),
         ("balance", "2"),
+        ("learning", "2"),
     ]
