@@ -381,6 +381,7 @@ class Trainer:
         """
         batch_size = self.batch_size
         values = self._train_step(iterator).numpy()
+        # The step moved each rank's moving statistics its own way (if the model has any).
         self._statistics_in_sync = not self.local_statistics
         phases = dict(zip(PHASES, values[: len(PHASES)].tolist(), strict=True))
         skipped = bool(values[SKIPPED])
