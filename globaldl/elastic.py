@@ -180,6 +180,15 @@ class ElasticState(_state_base()):  # type: ignore[misc]
         self.history, self.run_id = list(objects["history"]), objects["run_id"]
 
     # -------------------------------------------------------------- Horovod's State API
+    def commit(self) -> None:
+        """Average the ranks' moving statistics, then commit (save, check for new hosts).
+
+        After the average every worker commits the same shared state, so whichever worker
+        ends up rank 0 after a failure, the state broadcast from it is the fleet's.
+        """
+        self.trainer.synchronise_local_statistics()
+        super().commit()
+
     def save(self) -> None:
         """Commit: copy the shared and local state to host memory."""
         self._committed = {

@@ -1,16 +1,19 @@
 """The gradient exchange: the only module that calls Horovod's collectives.
 
 Everything that crosses the network goes through `Exchange`: the initial broadcast, the
-collective(s) of each training step that carry the compressed gradients, and the small
-reductions that average validation results. What a step's collective is follows from the
-compressor's `WireSpec` alone (`Combine.SUM` goes through allreduce in the declared dtype,
-`Combine.GATHER` through allgather), never from a codec's name or settings; a declaration the
-exchange cannot honour is refused when the run is built (`check_wire_spec`).
+collective(s) of each training step that carry the compressed gradients, the small reductions
+that average validation results, and the averaging of what each rank's forward pass updates on
+its own (batch normalisation's moving statistics) at epoch ends and commits. What a step's
+collective is follows from the compressor's `WireSpec` alone (`Combine.SUM` goes through
+allreduce in the declared dtype, `Combine.GATHER` through allgather), never from a codec's name
+or settings; a declaration the exchange cannot honour is refused when the run is built
+(`check_wire_spec`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,6 +279,40 @@ class Exchange:
         """Element-wise sum of a small tensor over all ranks (validation totals, flags)."""
         self._record("allreduce", value)
         return self._hvd.allreduce(value, op=self._hvd.Sum, name=name)
+
+    def average_variables(self, variables: Sequence[tf.Variable], name: str) -> int:
+        """Set every rank's `variables` to their mean over all ranks; return the collectives run.
+
+        The variables travel flattened into one buffer per dtype, so a model's whole set of
+        moving statistics costs one allreduce (one round trip on a high-latency link), not one
+        per layer. Allreduce hands every rank the same sum, so afterwards every rank holds
+        bitwise the same values. Only floating-point variables can be averaged.
+        """
+        by_dtype: dict[tf.DType, list[tf.Variable]] = {}
+        for variable in variables:
+            if not variable.dtype.is_floating:
+                raise ValueError(
+                    f"variable {variable.name} has dtype {variable.dtype.name}; only "
+                    "floating-point variables can be averaged across ranks"
+                )
+            by_dtype.setdefault(variable.dtype, []).append(variable)
+        if self.size == 1:
+            return 0
+        for dtype, group in by_dtype.items():
+            flat = tf.concat([tf.reshape(variable, [-1]) for variable in group], axis=0)
+            averaged = self._hvd.allreduce(flat, op=self._hvd.Average, name=f"{name}_{dtype.name}")
+            sizes = [int(tf.size(variable)) for variable in group]
+            for variable, part in zip(group, tf.split(averaged, sizes), strict=True):
+                variable.assign(tf.reshape(part, variable.shape))
+        return len(by_dtype)
+
+    def sync_batch_normalization(self) -> type:
+        """Horovod's SyncBatchNormalization layer class (a tf-keras BatchNormalization).
+
+        In training it replaces each rank's batch mean and variance by the mean over all ranks
+        (one allreduce per layer in the forward pass, and one more in the backward pass).
+        """
+        return self._hvd.SyncBatchNormalization
 
     def gather_across_ranks(self, value: tf.Tensor, name: str) -> tf.Tensor:
         """Concatenate every rank's tensor along the first axis, in rank order."""

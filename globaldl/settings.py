@@ -37,6 +37,8 @@ DATASET_NAMES: tuple[str, ...] = ("mnist", "digits", "cifar-synthetic", "moving-
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam")
 BALANCE_NAMES: tuple[str, ...] = ("equal", "speed")
 HIERARCHY_NAMES: tuple[str, ...] = ("none", "sites")
+BATCH_NORM_NAMES: tuple[str, ...] = ("local", "sync")
+LR_DECAY_NAMES: tuple[str, ...] = ("none", "cosine")
 
 
 class SettingsError(ValueError):
@@ -52,6 +54,9 @@ class TrainSettings:
     depth: int = 20
     layers: int = 3
     width: int = 128
+    # Batch normalisation: each rank's own batch statistics (moving statistics averaged at
+    # epoch ends and commits), or Horovod's synchronised statistics (collectives every step).
+    batch_norm: str = "local"
     epochs: int = 2
     batch_size: int = 16
     max_steps_per_epoch: int | None = None
@@ -59,6 +64,8 @@ class TrainSettings:
     learning_rate: float = 0.01
     momentum: float = 0.9
     scale_lr: bool = True
+    lr_warmup_epochs: int = 0
+    lr_decay: str = "none"
     seed: int = 0
     data_dir: Path | None = None
     input_delay_ms: float = 0.0
@@ -94,6 +101,14 @@ class TrainSettings:
         _check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
         _check_choice("balance", self.balance, BALANCE_NAMES)
         _check_choice("hierarchy", self.hierarchy, HIERARCHY_NAMES)
+        _check_choice("batch_norm", self.batch_norm, BATCH_NORM_NAMES)
+        _check_choice("lr_decay", self.lr_decay, LR_DECAY_NAMES)
+        _check_at_least("lr_warmup_epochs", self.lr_warmup_epochs, 0)
+        if self.lr_warmup_epochs > self.epochs:
+            raise SettingsError(
+                f"lr_warmup_epochs {self.lr_warmup_epochs} is not allowed; use at most epochs "
+                f"({self.epochs})"
+            )
         if self.model == "resnet":
             _check_choice("depth", self.depth, RESNET_DEPTHS)
         _check_at_least("layers", self.layers, 1)
@@ -133,6 +148,12 @@ class TrainSettings:
             raise SettingsError(
                 "balance 'speed' and elastic cannot be combined yet: the speeds are measured "
                 "once, before training, for a fixed set of devices"
+            )
+        if self.balance == "speed" and self.batch_norm == "sync":
+            raise SettingsError(
+                "balance 'speed' and batch_norm 'sync' cannot be combined: the speed probe runs "
+                "the model alone on each rank, and synchronised statistics weight every rank "
+                "equally whatever its batch"
             )
         if self.balance == "speed" and self.data_dir is not None:
             raise SettingsError(

@@ -7,6 +7,7 @@ the compressor's state, checkpoints, validation, metrics and the run summary.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -22,7 +23,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 import globaldl
-from globaldl import checkpoint, summary
+from globaldl import checkpoint, schedules, summary
 from globaldl.balance import gradient_weight, split_batch
 from globaldl.compression import GradientCompressor
 from globaldl.exchange import (
@@ -90,7 +91,9 @@ def _configure_threads(local_size: int) -> None:
 
 
 def _make_optimizer(
-    settings: TrainSettings, learning_rate: float, compressor: GradientCompressor
+    settings: TrainSettings,
+    learning_rate: float | schedules.WarmupThenDecay,
+    compressor: GradientCompressor,
 ) -> keras.optimizers.Optimizer:
     if settings.optimizer == "adam":
         return keras.optimizers.Adam(learning_rate=learning_rate)
@@ -121,6 +124,10 @@ class Trainer:
         keras.utils.set_random_seed(settings.seed)
         self.pipeline: InputPipeline = self._make_pipeline(None)
         spec = self.pipeline.spec
+        batch_norm = None
+        if settings.batch_norm == "sync":
+            # Horovod's layer refuses fused kernels (it overrides the unfused moments).
+            batch_norm = functools.partial(self.exchange.sync_batch_normalization(), fused=False)
         self.model = build_model(
             settings.model,
             input_shape=spec.input_shape,
@@ -129,8 +136,13 @@ class Trainer:
             mlp_layers=settings.layers,
             mlp_width=settings.width,
             seed=settings.seed,
+            batch_norm=batch_norm,
         )
         self.model(tf.zeros((1, *spec.input_shape)), training=False)
+        # What each rank's forward pass updates from its own batches (batch normalisation's
+        # moving mean and variance): averaged across ranks at every synchronisation point.
+        self.local_statistics = list(self.model.non_trainable_variables)
+        self._statistics_in_sync = True
         self.variables = list(self.model.trainable_variables)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         # Local batch of every rank: equal shares, or in proportion to measured speed.
@@ -156,7 +168,17 @@ class Trainer:
             site = load_site_map(settings.sites_file).site_of(own_names())
             self.exchange.use_sites(site)
         self.learning_rate = settings.learning_rate * (self.size if settings.scale_lr else 1)
-        self.optimizer = _make_optimizer(settings, self.learning_rate, self.compressor)
+        self.optimizer = _make_optimizer(
+            settings,
+            schedules.learning_rate(
+                self.learning_rate,
+                warmup_epochs=settings.lr_warmup_epochs,
+                decay=settings.lr_decay,
+                steps_per_epoch=self.steps_per_epoch,
+                epochs=settings.epochs,
+            ),
+            self.compressor,
+        )
         self.optimizer.build(self.variables)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
@@ -273,6 +295,19 @@ class Trainer:
         )
 
     # ----------------------------------------------------------------- state
+    def synchronise_local_statistics(self) -> None:
+        """Average the moving statistics over all ranks, unless no step ran since the last time.
+
+        Every rank's batch normalisation updates its moving mean and variance from its own
+        batches, so after one step the ranks hold different values (the trainable weights stay
+        identical: the averaged gradient updates them). Called before validation, checkpoints
+        and the final weight digest (end_epoch, finish) and at every elastic commit: one fused
+        allreduce each time, none per step, none for a model without such variables.
+        """
+        if not self._statistics_in_sync:
+            self.exchange.average_variables(self.local_statistics, "local_statistics")
+            self._statistics_in_sync = True
+
     def _broadcast_shared_state(self) -> None:
         shared = [
             *self.model.variables,
@@ -369,6 +404,8 @@ class Trainer:
         """
         batch_size = self.batch_size
         values = self._train_step(iterator).numpy()
+        # The step moved each rank's moving statistics its own way (if the model has any).
+        self._statistics_in_sync = not self.local_statistics
         phases = dict(zip(PHASES, values[: len(PHASES)].tolist(), strict=True))
         skipped = bool(values[SKIPPED])
         wire_bytes = int(values[WIRE_BYTES])
@@ -403,6 +440,7 @@ class Trainer:
         train_seconds = time.perf_counter() - epoch_started
         train_sum = self.exchange.sum_across_ranks(tf.constant(epoch_totals), "train_totals")
         train_sum = train_sum.numpy()
+        self.synchronise_local_statistics()
         val_loss_sum, val_correct, val_count = self._validate()
         result = EpochResult(
             epoch=epoch + 1,
@@ -491,6 +529,7 @@ class Trainer:
         """The run summary, with every rank's device name and weight digest (collectives)."""
         import horovod
 
+        self.synchronise_local_statistics()
         digests = self._weight_digests()
         devices = self.exchange.gather_text(self.device, "devices")
         settings = self.settings
@@ -502,6 +541,7 @@ class Trainer:
                 "depth": settings.depth,
                 "layers": settings.layers,
                 "width": settings.width,
+                "batch_norm": settings.batch_norm,
             },
             "dataset": settings.dataset,
             "ranks": self.size,
@@ -513,6 +553,10 @@ class Trainer:
             "rank_batch_sizes": list(self.rank_batch_sizes),
             "measured_speeds": self.measured_speeds,
             "learning_rate": self.learning_rate,
+            "learning_rate_schedule": {
+                "warmup_epochs": settings.lr_warmup_epochs,
+                "decay": settings.lr_decay,
+            },
             "val_accuracy": last.val_accuracy,
             "val_loss": last.val_loss if np.isfinite(last.val_loss) else 0.0,
             "history": history,

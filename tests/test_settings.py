@@ -61,6 +61,13 @@ def test_environment_booleans_and_paths_are_coerced(tmp_path: Path) -> None:
             {"elastic": True, "resume": True, "checkpoint_dir": Path("c")},
             "elastic and resume cannot be combined",
         ),
+        ({"batch_norm": "ghost"}, "batch_norm 'ghost' is not one of: local, sync"),
+        ({"lr_decay": "step"}, "lr_decay 'step' is not one of: none, cosine"),
+        ({"lr_warmup_epochs": 3, "epochs": 2}, "lr_warmup_epochs 3 is not allowed; use at most"),
+        (
+            {"balance": "speed", "batch_norm": "sync"},
+            "balance 'speed' and batch_norm 'sync' cannot be combined",
+        ),
     ],
 )
 def test_bad_values_name_the_value_and_the_choices(changes: dict, message: str) -> None:
@@ -122,11 +129,12 @@ def test_config_file_that_is_not_a_mapping_is_rejected(tmp_path: Path) -> None:
 
 
 def test_name_lists_match_the_packages_they_mirror() -> None:
-    from globaldl import models, pipelines
+    from globaldl import models, pipelines, schedules
 
     assert settings_module.MODEL_NAMES == models.MODEL_NAMES
     assert settings_module.RESNET_DEPTHS == models.RESNET_DEPTHS
     assert settings_module.DATASET_NAMES == pipelines.DATASET_NAMES
+    assert settings_module.LR_DECAY_NAMES == schedules.LR_DECAY_NAMES
 
 
 def test_metrics_basic_auth_comes_from_a_file_and_bad_files_are_named(tmp_path: Path) -> None:

@@ -203,3 +203,37 @@ def coordination(
             },
         )
         typer.echo(md_path.read_text())
+
+
+@app.command()
+def batchnorm(
+    ranks: Annotated[int, typer.Option(help="Horovod ranks on this machine.")] = 2,
+    models: Annotated[str, typer.Option(help="resnet-8 and/or resnet-20, comma-separated.")] = (
+        "resnet-8,resnet-20"
+    ),
+    cycle_times_ms: Annotated[
+        str, typer.Option(help="HOROVOD_CYCLE_TIME values to measure at, comma-separated.")
+    ] = "1,5,20",
+    steps: Annotated[int, typer.Option(help="Timed steps per variant and launch.")] = 30,
+    repeats: Annotated[int, typer.Option(help="Interleaved repeats (median reported).")] = 3,
+    batch_size: Annotated[int, typer.Option(help="Local batch per rank.")] = 16,
+    round_trip_ms: Annotated[
+        float, typer.Option(help="Round trip for the least-added-time column.")
+    ] = 100.0,
+    out: Annotated[Path, typer.Option(help="Results folder.")] = DEFAULT_OUT,
+) -> None:
+    """Synchronised batch norm against averaged moving statistics: step time, collectives."""
+    with user_errors():
+        from globaldl.bench.batchnorm import BatchNormBench, run_and_write
+
+        bench = BatchNormBench(
+            ranks=ranks,
+            models=tuple(part.strip() for part in models.split(",") if part.strip()),
+            cycle_times_ms=tuple(_numbers("--cycle-times-ms", cycle_times_ms)),
+            steps=steps,
+            repeats=repeats,
+            batch_size=batch_size,
+            round_trip_ms=round_trip_ms,
+        )
+        paths = run_and_write(bench, out, progress=typer.echo)
+        typer.echo(paths[1].read_text())

@@ -13,8 +13,10 @@ from globaldl.cli.quiet import quiet_native_start
 from globaldl.compression.config import PRUNE_NAMES, QUANTIZE_NAMES
 from globaldl.settings import (
     BALANCE_NAMES,
+    BATCH_NORM_NAMES,
     DATASET_NAMES,
     HIERARCHY_NAMES,
+    LR_DECAY_NAMES,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
     RESNET_DEPTHS,
@@ -54,6 +56,15 @@ def train(
     ] = None,
     layers: Annotated[int | None, typer.Option(help="MLP hidden layers (default: 3).")] = None,
     width: Annotated[int | None, typer.Option(help="MLP layer width (default: 128).")] = None,
+    batch_norm: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Batch normalisation across ranks: {_choices(BATCH_NORM_NAMES)}; local = each "
+            "rank's batch statistics, moving statistics averaged at every epoch end and commit; "
+            "sync = Horovod's synchronised statistics, two collectives per layer per step "
+            "(default: local)."
+        ),
+    ] = None,
     epochs: Annotated[int | None, typer.Option(help="Epochs (default: 2).")] = None,
     batch_size: Annotated[
         int | None, typer.Option(help="Batch size per rank (default: 16).")
@@ -76,6 +87,17 @@ def train(
         typer.Option(
             "--scale-lr/--no-scale-lr",
             help="Multiply the learning rate by the number of ranks (default: on).",
+        ),
+    ] = None,
+    lr_warmup_epochs: Annotated[
+        int | None,
+        typer.Option(help="Ramp the learning rate up linearly over these epochs (default: 0)."),
+    ] = None,
+    lr_decay: Annotated[
+        str | None,
+        typer.Option(
+            help=f"After the warm-up: {_choices(LR_DECAY_NAMES)}; cosine = decay to 0 by the "
+            "last step (default: none)."
         ),
     ] = None,
     seed: Annotated[

@@ -15,6 +15,7 @@ from globaldl.experiments.experiment import (
     run_experiment,
     write_outputs,
 )
+from globaldl.experiments.learning import LearningExperiment, LearningWorkload
 from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
@@ -29,6 +30,7 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "recovery": RecoveryExperiment,
     "balance": BalanceExperiment,
     "scaling": ScalingExperiment,
+    "learning": LearningExperiment,
 }
 
 
@@ -55,6 +57,8 @@ __all__ = [
     "ExperimentReport",
     "ExperimentRunner",
     "FleetConfig",
+    "LearningExperiment",
+    "LearningWorkload",
     "RecoveryExperiment",
     "ResourcesExperiment",
     "RunResult",

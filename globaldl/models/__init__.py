@@ -8,12 +8,12 @@ import tf_keras as keras
 
 from globaldl.models.lenet import build_lenet
 from globaldl.models.mlp import build_mlp
-from globaldl.models.resnet import RESNET_DEPTHS, build_resnet
+from globaldl.models.resnet import RESNET_DEPTHS, BatchNormFactory, build_resnet
 from globaldl.models.video import build_video
 
 MODEL_NAMES: tuple[str, ...] = ("lenet", "resnet", "mlp", "video")
 
-__all__ = ["MODEL_NAMES", "RESNET_DEPTHS", "build_model"]
+__all__ = ["MODEL_NAMES", "RESNET_DEPTHS", "BatchNormFactory", "build_model"]
 
 
 def build_model(
@@ -25,6 +25,7 @@ def build_model(
     mlp_layers: int = 3,
     mlp_width: int = 128,
     seed: int = 0,
+    batch_norm: BatchNormFactory | None = None,
 ) -> keras.Model:
     """Build model ``name`` (one of ``MODEL_NAMES``) for inputs of ``input_shape``.
 
@@ -32,6 +33,8 @@ def build_model(
     ``from_logits=True`` loss. Weights are initialised from ``seed`` only (no global random
     state is read or changed), so two builds with the same arguments have identical weights.
     ``resnet_depth`` is used by "resnet" only, ``mlp_layers`` and ``mlp_width`` by "mlp" only.
+    ``batch_norm`` builds the normalisation layers of models that have them (only "resnet");
+    None means Keras' BatchNormalization.
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {MODEL_NAMES}")
@@ -43,7 +46,13 @@ def build_model(
     if name == "lenet":
         return build_lenet(input_shape, num_classes, seed)
     if name == "resnet":
-        return build_resnet(input_shape, num_classes, resnet_depth, seed)
+        return build_resnet(
+            input_shape,
+            num_classes,
+            resnet_depth,
+            seed,
+            batch_norm=batch_norm or keras.layers.BatchNormalization,
+        )
     if name == "mlp":
         return build_mlp(input_shape, num_classes, mlp_layers, mlp_width, seed)
     return build_video(input_shape, num_classes, seed)

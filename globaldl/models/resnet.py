@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tf_keras as keras
 
 from globaldl.models.initializers import LayerSeeds
@@ -13,9 +15,16 @@ _STAGE_FILTERS = (16, 32, 64)
 # steps of an edge run; 0.9 is the value of the original Torch/Caffe CIFAR ResNets.
 _BATCH_NORM_MOMENTUM = 0.9
 
+# Builds one batch normalisation layer from the keyword arguments `momentum` and `name`.
+BatchNormFactory = Callable[..., keras.layers.Layer]
+
 
 def build_resnet(
-    input_shape: tuple[int, ...], num_classes: int, depth: int, seed: int
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    depth: int,
+    seed: int,
+    batch_norm: BatchNormFactory = keras.layers.BatchNormalization,
 ) -> keras.Model:
     """ResNet-``depth`` for small images: ``depth = 6n + 2`` with n basic blocks per stage.
 
@@ -23,6 +32,7 @@ def build_resnet(
     convolutions, each followed by batch normalisation) with 16, 32 and 64 filters; the first
     block of stages 2 and 3 halves the map with stride 2 and projects its shortcut with a 1x1
     convolution (the paper's option B). Global average pooling and a dense layer give logits.
+    ``batch_norm`` builds the normalisation layers (Horovod's synchronised one, for instance).
     """
     if isinstance(depth, bool) or not isinstance(depth, int) or depth not in RESNET_DEPTHS:
         raise ValueError(f"resnet depth {depth!r} is not supported; choose one of {RESNET_DEPTHS}")
@@ -31,18 +41,28 @@ def build_resnet(
     seeds = LayerSeeds(seed)
 
     inputs = keras.Input(shape=input_shape, name="image")
-    x = _conv_bn(inputs, _STAGE_FILTERS[0], strides=1, seeds=seeds, name="stem")
+    x = _conv_bn(inputs, _STAGE_FILTERS[0], 1, seeds, batch_norm, name="stem")
     x = keras.layers.ReLU(name="stem_relu")(x)
     for stage, filters in enumerate(_STAGE_FILTERS, start=1):
         for block in range(1, blocks_per_stage + 1):
             strides = 2 if stage > 1 and block == 1 else 1
-            x = _basic_block(x, filters, strides, seeds, name=f"stage{stage}_block{block}")
+            x = _basic_block(
+                x, filters, strides, seeds, batch_norm, name=f"stage{stage}_block{block}"
+            )
     x = keras.layers.GlobalAveragePooling2D(name="global_pool")(x)
     logits = keras.layers.Dense(num_classes, kernel_initializer=seeds.he_normal(), name="logits")(x)
     return keras.Model(inputs, logits, name=f"resnet{depth}")
 
 
-def _conv_bn(x, filters: int, strides: int, seeds: LayerSeeds, name: str, kernel: int = 3):
+def _conv_bn(
+    x,
+    filters: int,
+    strides: int,
+    seeds: LayerSeeds,
+    batch_norm: BatchNormFactory,
+    name: str,
+    kernel: int = 3,
+):
     """Convolution (no bias: batch normalisation supplies the shift) followed by batch norm."""
     x = keras.layers.Conv2D(
         filters,
@@ -53,16 +73,20 @@ def _conv_bn(x, filters: int, strides: int, seeds: LayerSeeds, name: str, kernel
         kernel_initializer=seeds.he_normal(),
         name=f"{name}_conv",
     )(x)
-    return keras.layers.BatchNormalization(momentum=_BATCH_NORM_MOMENTUM, name=f"{name}_bn")(x)
+    return batch_norm(momentum=_BATCH_NORM_MOMENTUM, name=f"{name}_bn")(x)
 
 
-def _basic_block(x, filters: int, strides: int, seeds: LayerSeeds, name: str):
+def _basic_block(
+    x, filters: int, strides: int, seeds: LayerSeeds, batch_norm: BatchNormFactory, name: str
+):
     """Two 3x3 conv-BN layers with a shortcut; ReLU after the sum (the paper's original block)."""
     shortcut = x
     if strides != 1 or x.shape[-1] != filters:
-        shortcut = _conv_bn(x, filters, strides, seeds, name=f"{name}_projection", kernel=1)
-    x = _conv_bn(x, filters, strides, seeds, name=f"{name}_a")
+        shortcut = _conv_bn(
+            x, filters, strides, seeds, batch_norm, name=f"{name}_projection", kernel=1
+        )
+    x = _conv_bn(x, filters, strides, seeds, batch_norm, name=f"{name}_a")
     x = keras.layers.ReLU(name=f"{name}_a_relu")(x)
-    x = _conv_bn(x, filters, 1, seeds, name=f"{name}_b")
+    x = _conv_bn(x, filters, 1, seeds, batch_norm, name=f"{name}_b")
     x = keras.layers.Add(name=f"{name}_add")([shortcut, x])
     return keras.layers.ReLU(name=f"{name}_relu")(x)

@@ -129,6 +129,7 @@ def test_all_dry_run_prints_every_plan() -> None:
         ("recovery", "2"),
         ("balance", "2"),
         ("scaling", "8"),
+        ("learning", "2"),
     ]
 
 

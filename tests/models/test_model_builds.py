@@ -168,3 +168,49 @@ def test_model_config_round_trip_rebuilds_the_same_model(model_name: str) -> Non
     assert all(
         np.array_equal(a, b) for a, b in zip(_weights(model), _weights(rebuilt), strict=True)
     )
+
+
+def test_resnet_builds_every_normalisation_layer_with_the_given_factory() -> None:
+    built: list[str] = []
+
+    def counting_batch_norm(**options: object) -> keras.layers.Layer:
+        built.append(str(options["name"]))
+        return keras.layers.BatchNormalization(**options)  # type: ignore[arg-type]
+
+    spec = dataset_spec("cifar-synthetic")
+    model = build_model(
+        "resnet",
+        input_shape=spec.input_shape,
+        num_classes=spec.num_classes,
+        resnet_depth=8,
+        batch_norm=counting_batch_norm,
+    )
+    normalisations = [
+        layer.name for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)
+    ]
+    # ResNet-8: the stem, 2 per block in 3 blocks, 2 projection shortcuts.
+    assert len(built) == 9
+    assert sorted(built) == sorted(normalisations)
+    # Their moving statistics are the model's only non-trainable variables.
+    assert len(model.non_trainable_variables) == 2 * 9
+
+
+@pytest.mark.parametrize("model_name", MODEL_NAMES)
+def test_every_variable_the_gradient_does_not_update_is_floating_and_can_be_averaged(
+    model_name: str,
+) -> None:
+    """What the trainer averages across ranks at epoch ends: the non-trainable variables.
+
+    The averaged gradient keeps the trainable ones identical on every rank; the rest (batch
+    normalisation's moving statistics, none in LeNet, the MLP and the video model) must be
+    floating point for `Exchange.average_variables` to take them.
+    """
+    spec = dataset_spec("moving-mnist" if model_name == "video" else "cifar-synthetic")
+    model = build_model(
+        model_name, input_shape=spec.input_shape, num_classes=spec.num_classes, resnet_depth=8
+    )
+    assert len(model.variables) == len(model.trainable_variables) + len(
+        model.non_trainable_variables
+    )
+    assert all(variable.dtype.is_floating for variable in model.non_trainable_variables)
+    assert bool(model.non_trainable_variables) == (model_name == "resnet")

@@ -17,6 +17,7 @@ from globaldl.cli.experiment import (
     balance,
     bottleneck,
     devices,
+    learning,
     recovery,
     report,
     resources,
@@ -41,6 +42,7 @@ app.command(name="bottleneck")(bottleneck.bottleneck)
 app.command(name="recovery")(recovery.recovery)
 app.command(name="balance")(balance.balance)
 app.command(name="scaling")(scaling.scaling)
+app.command(name="learning")(learning.learning)
 app.command(name="all")(all_experiments.all_experiments)
 app.command(name="report")(report.report)
 

@@ -16,7 +16,9 @@ from globaldl.cli.experiment.options import DEFAULT_RESULTS_DIR
 def report(
     name: Annotated[
         str,
-        typer.Argument(help="devices, resources, ablation, bottleneck, recovery or balance."),
+        typer.Argument(
+            help="devices, resources, ablation, bottleneck, recovery, balance, scaling or learning."
+        ),
     ],
     quick: Annotated[bool, typer.Option("--quick", help="Use the quick plan's settings.")] = False,
     out: Annotated[

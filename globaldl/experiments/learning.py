@@ -1,0 +1,333 @@
+"""`learning`: the bigger workloads learn on 4 compressed devices as well as one dense process.
+
+For each workload (ResNet-8 on cifar-synthetic, the 3-D video model on moving-mnist, the
+video analytics case of the global-IoT paper) two runs get the same budget: the same epochs,
+the same global batch and the same learning-rate schedule.
+
+1. Calibration: ONE dense process (a 1-device fleet given the whole fleet's CPU, 2 cores) at
+   the global batch (4 x 16 = 64) and the learning rate the fleet reaches (4 x 0.01). Its final
+   validation accuracy is the target. A 1-device fleet run rather than a plain local
+   process: the same launcher, cgroup and summary as every other run, so the only difference
+   from the fleet run is the number of devices and the compression. The CPU share does not
+   change what the run learns, only how long it takes, so the device gets the fleet's total.
+2. Fleet: 4 devices (0.5 core each, lte links), top-k 1% + int8 with error feedback, local
+   batch 16, learning rate 0.01 x 4.
+
+Target: the fleet's final validation accuracy within 1 point of the calibrated target (one-
+sided: ending higher is fine). Both runs warm the learning rate up linearly and decay it
+along a cosine to zero (globaldl/schedules.py): at a constant rate the final accuracy swings
+by several points between epochs and two runs cannot be compared within a point. The budgets
+were chosen with smoke runs so that the dense run learns for real (far above chance) and one
+repeat takes under ~90 minutes on a quiet 2-core machine.
+
+ResNet-8 keeps batch normalisation local to each device (batch statistics of 16 examples; the
+moving statistics are averaged at every epoch end, see globaldl/bench/batchnorm.py), while the
+calibration normalises over all 64: the comparison includes that difference too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from globaldl.experiments.analysis import TargetCheck
+from globaldl.experiments.experiment import Experiment, run_row
+from globaldl.experiments.outputs import number_or_none, save_figure
+from globaldl.experiments.runner import RunResult
+from globaldl.experiments.spec import FleetConfig, RunSpec, compression_args, slug
+
+COMPRESSION = "prune+quantize"
+CALIBRATION, FLEET = "calibration", "fleet"
+TOLERANCE_POINTS = 1.0
+
+
+@dataclass(frozen=True)
+class LearningWorkload:
+    """A model on a dataset, the budget both of its runs get, and what counts as learning.
+
+    `learning_rate` is per device at the local batch; the fleet scales it by the number of
+    devices (as `globaldl train` does), the calibration (one process, so its own scaling is
+    x 1) is given the scaled rate directly.
+    `learns_above` is the validation accuracy the dense calibration must exceed for the
+    workload to count as learned at all (chance is 1 / classes).
+    """
+
+    name: str
+    train_args: tuple[str, ...]
+    epochs: int
+    lr_warmup_epochs: int
+    learns_above: float
+    learning_rate: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or not 0 <= self.lr_warmup_epochs <= self.epochs:
+            raise ValueError(
+                f"workload {self.name}: epochs {self.epochs} and lr_warmup_epochs "
+                f"{self.lr_warmup_epochs} must satisfy 0 <= warm-up <= epochs >= 1"
+            )
+        if not 0 < self.learns_above < 1:
+            raise ValueError(
+                f"workload {self.name}: learns_above must be in (0, 1), got {self.learns_above!r}"
+            )
+
+
+RESNET8_LEARNING = LearningWorkload(
+    "resnet-8",
+    ("--model", "resnet", "--depth", "8", "--dataset", "cifar-synthetic"),
+    epochs=12,
+    lr_warmup_epochs=2,
+    learns_above=0.80,
+)
+VIDEO_LEARNING = LearningWorkload(
+    "video",
+    ("--model", "video", "--dataset", "moving-mnist"),
+    epochs=10,
+    lr_warmup_epochs=2,
+    learns_above=0.80,
+)
+
+
+class LearningExperiment(Experiment):
+    """Per workload: a 1-process dense calibration, then 4 compressed devices, same budget."""
+
+    name = "learning"
+    title = "Real learning: 4 compressed devices against a 1-process dense calibration"
+    columns = (
+        "model",
+        "role",
+        "devices",
+        "compression",
+        "epochs",
+        "global_batch_size",
+        "val_accuracy",
+        "target_accuracy",
+        "points_below_target",
+        "weights_identical",
+        "training_seconds",
+        "mean_step_seconds",
+        "status",
+    )
+
+    def __init__(
+        self,
+        *,
+        quick: bool = False,
+        cycle_time_ms: float | None = None,
+        devices: int = 4,
+        profile: str = "lte",
+        cpu_cores_per_device: float = 0.5,
+        local_batch_size: int = 16,
+        workloads: Sequence[LearningWorkload] | None = None,
+    ) -> None:
+        super().__init__(quick=quick, cycle_time_ms=cycle_time_ms)
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
+            raise ValueError(f"devices must be a whole number >= 2, got {devices!r}")
+        if isinstance(local_batch_size, bool) or local_batch_size < 1:
+            raise ValueError(f"local_batch_size must be >= 1, got {local_batch_size!r}")
+        self.devices = devices
+        self.profile = profile
+        self.local_batch_size = local_batch_size
+        self.workloads = tuple(
+            workloads or ((RESNET8_LEARNING,) if quick else (RESNET8_LEARNING, VIDEO_LEARNING))
+        )
+        names = [workload.name for workload in self.workloads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workload names must be unique, got {names}")
+        self.fleet = FleetConfig(devices, profile, cpu_cores_per_device)
+        # The calibration does the whole fleet's work alone, so it gets the fleet's cores.
+        self.calibration_fleet = FleetConfig(1, profile, self.fleet.cpu_cores_total)
+
+    def _budget_args(self, workload: LearningWorkload) -> tuple[str, ...]:
+        """Epochs and schedule, identical for both runs (quick: 2 short epochs)."""
+        if self.quick:
+            return ("--epochs", "2", "--max-steps-per-epoch", "10", "--lr-warmup-epochs", "1")
+        return (
+            "--epochs",
+            str(workload.epochs),
+            "--lr-warmup-epochs",
+            str(workload.lr_warmup_epochs),
+        )
+
+    def plan(self) -> list[RunSpec]:
+        """Every calibration on the 1-device fleet, then every fleet run on the 4 devices."""
+        global_batch = self.local_batch_size * self.devices
+        calibrations, fleet_runs = [], []
+        for workload in self.workloads:
+            common = (*workload.train_args, *self._budget_args(workload), "--lr-decay", "cosine")
+            calibrations.append(
+                RunSpec(
+                    experiment=self.name,
+                    label=slug(f"{workload.name}-{CALIBRATION}-dense-1"),
+                    fleet=self.calibration_fleet,
+                    train_args=(
+                        *common,
+                        "--batch-size",
+                        str(global_batch),
+                        "--learning-rate",
+                        f"{workload.learning_rate * self.devices:g}",
+                        "--seed",
+                        "0",
+                    ),
+                    factors={"model": workload.name, "role": CALIBRATION, "compression": "none"},
+                    cycle_time_ms=self.cycle_time_ms,
+                    timeout_seconds=3600.0,
+                )
+            )
+            fleet_runs.append(
+                RunSpec(
+                    experiment=self.name,
+                    label=slug(f"{workload.name}-{FLEET}-{slug(COMPRESSION)}-{self.devices}"),
+                    fleet=self.fleet,
+                    train_args=(
+                        *common,
+                        "--batch-size",
+                        str(self.local_batch_size),
+                        "--learning-rate",
+                        f"{workload.learning_rate:g}",
+                        *compression_args(COMPRESSION),
+                        "--seed",
+                        "0",
+                    ),
+                    factors={"model": workload.name, "role": FLEET, "compression": COMPRESSION},
+                    cycle_time_ms=self.cycle_time_ms,
+                    timeout_seconds=3600.0,
+                )
+            )
+        return [*calibrations, *fleet_runs]
+
+    def rows(self, results: Sequence[RunResult]) -> list[dict[str, Any]]:
+        """One row per run; a fleet row carries its calibrated target and the gap to it."""
+        calibrated = {
+            result.spec.factors["model"]: result.summary["val_accuracy"]
+            for result in results
+            if result.spec.factors["role"] == CALIBRATION and result.summary is not None
+        }
+        rows = []
+        for result in results:
+            row = run_row(result)
+            summary = result.summary or {}
+            row["weights_identical"] = summary.get("weights_identical")
+            target = calibrated.get(result.spec.factors["model"])
+            if target is not None:
+                row["target_accuracy"] = target
+                if "val_accuracy" in row:
+                    row["points_below_target"] = 100 * (target - row["val_accuracy"])
+            rows.append(row)
+        return rows
+
+    def targets(
+        self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult]
+    ) -> list[TargetCheck]:
+        """Per workload: the calibration learns; the fleet is within 1 point; weights agree."""
+        checks = []
+        for workload in self.workloads:
+            by_role = {row["role"]: row for row in rows if row["model"] == workload.name}
+            calibration, fleet = by_role.get(CALIBRATION, {}), by_role.get(FLEET, {})
+            target = number_or_none(calibration.get("val_accuracy"))
+            checks.append(
+                TargetCheck(
+                    f"{workload.name}: the 1-process dense calibration learns (final "
+                    f"val_accuracy above {workload.learns_above:g})",
+                    "no calibration run" if target is None else f"{target:.4f}",
+                    None if target is None else target > workload.learns_above,
+                )
+            )
+            reached = number_or_none(fleet.get("val_accuracy"))
+            goal = (
+                f"{workload.name}: {self.devices} devices with {COMPRESSION} within "
+                f"{TOLERANCE_POINTS:g} point of the calibrated target"
+            )
+            if target is None or reached is None:
+                checks.append(TargetCheck(goal, "missing runs", None))
+            else:
+                gap = 100 * (target - reached)
+                checks.append(
+                    TargetCheck(
+                        goal,
+                        f"{reached:.4f} vs target {target:.4f} ({gap:+.1f} points below)",
+                        gap <= TOLERANCE_POINTS,
+                    )
+                )
+            identical = fleet.get("weights_identical")
+            checks.append(
+                TargetCheck(
+                    f"{workload.name}: every device ends with identical weights",
+                    "missing run" if identical is None else str(identical).lower(),
+                    identical,
+                )
+            )
+        return checks
+
+    def plots(
+        self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult], out_dir: Path
+    ) -> list[Path]:
+        """Validation accuracy per epoch, calibration against fleet, per workload."""
+        finished = [result for result in results if result.summary is not None]
+        if not finished:
+            return []
+
+        def draw(figure: Any) -> None:
+            for index, workload in enumerate(self.workloads, start=1):
+                axes = figure.add_subplot(1, len(self.workloads), index)
+                for result in finished:
+                    if result.spec.factors["model"] != workload.name:
+                        continue
+                    history = result.summary["history"]  # type: ignore[index]
+                    role = result.spec.factors["role"]
+                    axes.plot(
+                        [epoch["epoch"] for epoch in history],
+                        [epoch["val_accuracy"] for epoch in history],
+                        marker="o" if role == CALIBRATION else "s",
+                        label=f"{role} ({result.spec.fleet.devices} device"
+                        f"{'s' if result.spec.fleet.devices > 1 else ''})",
+                    )
+                    if role == CALIBRATION:
+                        target = history[-1]["val_accuracy"]
+                        axes.axhline(
+                            target - TOLERANCE_POINTS / 100,
+                            color="grey",
+                            linestyle=":",
+                            label=f"target - {TOLERANCE_POINTS:g} point",
+                        )
+                axes.set_title(workload.name)
+                axes.set_xlabel("epoch")
+                axes.set_ylabel("val_accuracy")
+                axes.legend()
+
+        return [save_figure(out_dir / "learning.png", draw, width_inches=5.0 * len(self.workloads))]
+
+    def method(self) -> str:
+        """How the runs are built."""
+        global_batch = self.local_batch_size * self.devices
+        budgets = "; ".join(
+            f"{w.name}: {w.epochs} epochs, warm-up {w.lr_warmup_epochs}, learning rate "
+            f"{w.learning_rate * self.devices:g} at batch {global_batch}"
+            for w in self.workloads
+        )
+        return (
+            f"Calibration: 1 device with {self.calibration_fleet.cpu_cores_per_device:g} cores "
+            f"(the fleet's total), dense, batch {global_batch}. Fleet: {self.devices} devices x "
+            f"{self.fleet.cpu_cores_per_device:g} core on {self.profile}, {COMPRESSION} (top-k "
+            f"1% + int8, error feedback), local batch {self.local_batch_size}. Same budget for "
+            f"both: {budgets}; linear warm-up, then cosine decay to 0; SGD momentum 0.9; seed "
+            "0. The target of each workload is its calibration's final val_accuracy; the fleet "
+            f"meets it within {TOLERANCE_POINTS:g} point or not (ending higher is fine)."
+            + (
+                " Quick mode: ResNet-8 only, 2 epochs of 10 steps; not a result."
+                if self.quick
+                else ""
+            )
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        """The experiment's options."""
+        return {
+            **super().get_config(),
+            "devices": self.devices,
+            "profile": self.profile,
+            "cpu_cores_per_device": self.fleet.cpu_cores_per_device,
+            "local_batch_size": self.local_batch_size,
+            "workloads": [dict(w.__dict__) for w in self.workloads],
+        }
