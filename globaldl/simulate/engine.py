@@ -1,0 +1,347 @@
+"""The SimGrid adapter: load Debian's SimGrid and simulate message phases on a device platform.
+
+SimGrid's flow-level TCP model (LV08 by default) decides how long each message takes when it
+shares links with others: max-min fair sharing weighted by round-trip time, a bandwidth factor
+(TCP's payload efficiency) and a latency factor (slow start), as calibrated and published by
+the SimGrid team. Everything here talks to SimGrid; the rest of `globaldl.simulate` deals in
+plain data (`Platform`, `Phase`, seconds).
+
+SimGrid allows one engine per process, so every simulation runs in a forked child process and
+returns plain numbers; the caller's process never creates an engine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import multiprocessing
+import os
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import numpy as np
+
+# Debian installs python3-simgrid as one extension module in its system dist-packages folder.
+DEBIAN_DIST_PACKAGES = Path("/usr/lib/python3/dist-packages")
+SIMGRID_MODULE_ENV = "GLOBALDL_SIMGRID_MODULE"
+# SimGrid's LV08 network model, as published (Velho and Legrand 2009) and used by default.
+LV08_LATENCY_FACTOR = 13.01
+LV08_BANDWIDTH_FACTOR = 0.97
+LV08_WEIGHT_S = 20537.0
+
+Result = TypeVar("Result")
+
+
+class SimGridUnavailable(RuntimeError):
+    """SimGrid's Python module is not installed where it is looked for."""
+
+
+def simgrid_module_path() -> Path:
+    """The SimGrid extension module for this interpreter (env GLOBALDL_SIMGRID_MODULE first)."""
+    override = os.environ.get(SIMGRID_MODULE_ENV)
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise SimGridUnavailable(f"{SIMGRID_MODULE_ENV}={override}: no such file")
+        return path
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    path = DEBIAN_DIST_PACKAGES / f"simgrid{suffix}"
+    if not path.is_file():
+        raise SimGridUnavailable(
+            f"SimGrid's Python module {path} is missing: install Debian's python3-simgrid "
+            f"(scripts/setup.sh does) or point {SIMGRID_MODULE_ENV} at a simgrid*.so built for "
+            f"Python {sys.version_info.major}.{sys.version_info.minor}"
+        )
+    return path
+
+
+@lru_cache(maxsize=1)
+def load_simgrid() -> ModuleType:
+    """Import SimGrid from its file alone.
+
+    Putting Debian's dist-packages folder on sys.path would let Debian's numpy, yaml and friends
+    shadow the virtual environment's; loading the one extension by path brings in nothing else.
+    """
+    import importlib.util
+
+    path = simgrid_module_path()
+    spec = importlib.util.spec_from_file_location("simgrid", path)
+    if spec is None or spec.loader is None:
+        raise SimGridUnavailable(f"{path} is not a loadable Python module")
+    module = importlib.util.module_from_spec(spec)
+    with _quiet_stderr():  # SimGrid logs its context factory choice when it loads
+        spec.loader.exec_module(module)
+    sys.modules["simgrid"] = module
+    return module
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One direction of a link: its rate and one-way latency."""
+
+    bytes_per_second: float
+    latency_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.bytes_per_second > 0:
+            raise ValueError(f"bytes_per_second must be > 0, got {self.bytes_per_second!r}")
+        if not self.latency_seconds >= 0:
+            raise ValueError(f"latency_seconds must be >= 0, got {self.latency_seconds!r}")
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Devices with their own up- and downlinks, optionally grouped into sites.
+
+    A site's devices reach each other through their own links only; traffic leaving a site also
+    crosses the site's shared WAN uplink, and traffic entering it the site's WAN downlink.
+    `site_of_device[d]` is -1 for a device on its own (no shared link).
+    """
+
+    device_up: tuple[Link, ...]
+    device_down: tuple[Link, ...]
+    site_of_device: tuple[int, ...] = ()
+    site_up: tuple[Link, ...] = ()
+    site_down: tuple[Link, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.device_up) != len(self.device_down):
+            raise ValueError("device_up and device_down must list the same devices")
+        if self.site_of_device and len(self.site_of_device) != len(self.device_up):
+            raise ValueError("site_of_device must have one entry per device")
+        if len(self.site_up) != len(self.site_down):
+            raise ValueError("site_up and site_down must list the same sites")
+        for site in self.site_of_device:
+            if not -1 <= site < len(self.site_up):
+                raise ValueError(f"site index {site} out of range (sites: {len(self.site_up)})")
+
+    @property
+    def devices(self) -> int:
+        """How many devices the platform has."""
+        return len(self.device_up)
+
+    def site(self, device: int) -> int:
+        """The site index of `device`, -1 if it has none."""
+        return self.site_of_device[device] if self.site_of_device else -1
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Messages that start together; a phase starts when every message of the previous one is in.
+
+    `sources[i]` sends `sizes_bytes[i]` bytes to `targets[i]`.
+    """
+
+    sources: np.ndarray
+    targets: np.ndarray
+    sizes_bytes: np.ndarray
+
+    @classmethod
+    def of(
+        cls, sources: Sequence[int], targets: Sequence[int], sizes_bytes: Sequence[int]
+    ) -> Phase:
+        """Build a phase from three equally long sequences."""
+        phase = cls(
+            np.asarray(sources, dtype=np.int64),
+            np.asarray(targets, dtype=np.int64),
+            np.asarray(sizes_bytes, dtype=np.int64),
+        )
+        if not len(phase.sources) == len(phase.targets) == len(phase.sizes_bytes):
+            raise ValueError("a phase needs as many targets and sizes as sources")
+        return phase
+
+
+@dataclass(frozen=True)
+class TcpModel:
+    """SimGrid's network model settings: the factors calibration may fit."""
+
+    latency_factor: float = LV08_LATENCY_FACTOR
+    bandwidth_factor: float = LV08_BANDWIDTH_FACTOR
+    weight_s: float = LV08_WEIGHT_S
+    model: str = "LV08"
+    extra_config: tuple[str, ...] = field(default=())
+
+    def engine_arguments(self) -> list[str]:
+        """Command-line style arguments for simgrid.Engine."""
+        return [
+            "globaldl-simulate",
+            "--log=root.thres:critical",
+            f"--cfg=network/model:{self.model}",
+            f"--cfg=network/latency-factor:{self.latency_factor!r}",
+            f"--cfg=network/bandwidth-factor:{self.bandwidth_factor!r}",
+            f"--cfg=network/weight-S:{self.weight_s!r}",
+            *(f"--cfg={entry}" for entry in self.extra_config),
+        ]
+
+
+def run_in_child(function: Callable[..., Result], *arguments: Any) -> Result:
+    """Run `function(*arguments)` in a forked process (SimGrid allows one engine per process)."""
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_quietly, function, *arguments).result()
+
+
+def _quietly(function: Callable[..., Result], *arguments: Any) -> Result:
+    # SimGrid logs its configuration changes on stderr; failures come back as exceptions.
+    with _quiet_stderr():
+        return function(*arguments)
+
+
+def simulate_phases(platform: Platform, phases: Sequence[Phase], tcp: TcpModel) -> list[np.ndarray]:
+    """Seconds each message of each phase takes, phases one after the other, in SimGrid."""
+    return run_in_child(_simulate_phases, platform, list(phases), tcp)
+
+
+def simulate_ring(
+    platform: Platform,
+    order: Sequence[int],
+    hops: int,
+    chunk_bytes: int,
+    tcp: TcpModel,
+    hop_overhead_seconds: float = 0.0,
+    start_seconds: Sequence[float] | None = None,
+) -> np.ndarray:
+    """The unreduced ring: one actor per rank, every hop a real message between neighbours.
+
+    Rank `order[i]` sends `hops` messages of `chunk_bytes` to `order[i+1]`; each send after the
+    first waits until the previous message from `order[i-1]` has arrived (a reduce-scatter or
+    allgather step needs its neighbour's chunk), and each hop also costs the rank
+    `hop_overhead_seconds` of software time. Returns each rank's completion time in seconds.
+    """
+    starts = list(start_seconds) if start_seconds is not None else [0.0] * len(order)
+    return run_in_child(
+        _simulate_ring, platform, list(order), hops, chunk_bytes, tcp, hop_overhead_seconds, starts
+    )
+
+
+def _build_platform(simgrid: ModuleType, platform: Platform) -> list[Any]:
+    """Hosts for `platform`: a star zone of devices per site under a star zone of the world."""
+    world = simgrid.NetZone.create_star_zone("world")
+    hosts: list[Any] = [None] * platform.devices
+    members: dict[int, list[int]] = {}
+    for device in range(platform.devices):
+        members.setdefault(platform.site(device), []).append(device)
+
+    def add_device(zone: Any, device: int) -> None:
+        host = zone.create_host(f"device-{device}", 1.0e9)
+        up = _make_link(zone, f"device-{device}-up", platform.device_up[device])
+        down = _make_link(zone, f"device-{device}-down", platform.device_down[device])
+        zone.add_route(host.netpoint, None, None, None, [simgrid.LinkInRoute(up)], False)
+        zone.add_route(None, host.netpoint, None, None, [simgrid.LinkInRoute(down)], False)
+        host.seal()
+        hosts[device] = host
+
+    for device in members.get(-1, []):
+        add_device(world, device)
+    for site in sorted(key for key in members if key >= 0):
+        zone = simgrid.NetZone.create_star_zone(f"site-{site}")
+        zone.set_parent(world)
+        gateway = zone.create_router(f"site-{site}-gateway")
+        for device in members[site]:
+            add_device(zone, device)
+        zone.add_route(gateway, None, None, None, [], False)
+        zone.add_route(None, gateway, None, None, [], False)
+        zone.seal()
+        wan_up = _make_link(world, f"site-{site}-up", platform.site_up[site])
+        wan_down = _make_link(world, f"site-{site}-down", platform.site_down[site])
+        world.add_route(zone.netpoint, None, gateway, None, [simgrid.LinkInRoute(wan_up)], False)
+        world.add_route(None, zone.netpoint, None, gateway, [simgrid.LinkInRoute(wan_down)], False)
+    world.seal()
+    return hosts
+
+
+def _make_link(zone: Any, name: str, link: Link) -> Any:
+    return (
+        zone.create_link(name, float(link.bytes_per_second))
+        .set_latency(float(link.latency_seconds))
+        .seal()
+    )
+
+
+def _start_engine(tcp: TcpModel) -> tuple[ModuleType, Any]:
+    simgrid = load_simgrid()
+    engine = simgrid.Engine(tcp.engine_arguments())
+    return simgrid, engine
+
+
+def _simulate_phases(platform: Platform, phases: list[Phase], tcp: TcpModel) -> list[np.ndarray]:
+    simgrid, engine = _start_engine(tcp)
+    hosts = _build_platform(simgrid, platform)
+    durations: list[np.ndarray] = []
+
+    def controller() -> None:
+        for phase in phases:
+            started = engine.clock
+            seconds = np.zeros(len(phase.sources))
+            comms, positions = [], []
+            for position, (source, target, size) in enumerate(
+                zip(phase.sources, phase.targets, phase.sizes_bytes, strict=True)
+            ):
+                if size <= 0 or source == target:
+                    continue
+                comms.append(simgrid.Comm.sendto_async(hosts[source], hosts[target], int(size)))
+                positions.append(position)
+            if comms:
+                simgrid.Comm.wait_all(comms)
+            for position, comm in zip(positions, comms, strict=True):
+                seconds[position] = comm.finish_time - started
+            durations.append(seconds)
+
+    simgrid.Actor.create("controller", hosts[0], controller)
+    engine.run()
+    return durations
+
+
+def _simulate_ring(
+    platform: Platform,
+    order: list[int],
+    hops: int,
+    chunk_bytes: int,
+    tcp: TcpModel,
+    hop_overhead_seconds: float,
+    starts: list[float],
+) -> np.ndarray:
+    simgrid, engine = _start_engine(tcp)
+    hosts = _build_platform(simgrid, platform)
+    finished = np.zeros(len(order))
+
+    def rank(position: int) -> None:
+        right = order[(position + 1) % len(order)]
+        inbox = simgrid.Mailbox.by_name(f"ring-{order[position]}")
+        outbox = simgrid.Mailbox.by_name(f"ring-{right}")
+        # A permanent receiver makes sends eager, as TCP's socket buffers do: a message flows
+        # as soon as it is sent, not when the neighbour gets round to receiving it.
+        inbox.set_receiver(simgrid.Actor.self())
+        if starts[position] > 0:
+            simgrid.this_actor.sleep_for(starts[position])
+        for hop in range(hops):
+            if hop_overhead_seconds > 0:
+                simgrid.this_actor.sleep_for(hop_overhead_seconds)
+            sending = outbox.put_async(hop, int(chunk_bytes))
+            inbox.get()
+            sending.wait()
+        finished[position] = engine.clock
+
+    for position, device in enumerate(order):
+        simgrid.Actor.create(f"rank-{position}", hosts[device], rank, position)
+    engine.run()
+    return finished
