@@ -186,9 +186,9 @@ class TcpModel:
             "globaldl-simulate",
             "--log=root.thres:critical",
             f"--cfg=network/model:{self.model}",
-            f"--cfg=network/latency-factor:{self.latency_factor!r}",
-            f"--cfg=network/bandwidth-factor:{self.bandwidth_factor!r}",
-            f"--cfg=network/weight-S:{self.weight_s!r}",
+            f"--cfg=network/latency-factor:{float(self.latency_factor)!r}",
+            f"--cfg=network/bandwidth-factor:{float(self.bandwidth_factor)!r}",
+            f"--cfg=network/weight-S:{float(self.weight_s)!r}",
             *(f"--cfg={entry}" for entry in self.extra_config),
         ]
 

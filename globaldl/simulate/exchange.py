@@ -73,6 +73,7 @@ class ExchangeParameters:
     tcp: TcpModel = field(default_factory=TcpModel)
     message_cpu_seconds: float = 0.0
     cycle_cpu_seconds: float = 0.0
+    bulk_message_seconds: float = 0.0
     coordination_bytes_per_cycle: float = 400.0
     gloo_timeout_seconds: float = HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS
     jitter_seed: int = 0
@@ -340,6 +341,7 @@ def _collective(
     """(seconds, longest single message, bytes each device sends) of one exchange."""
     ranks = fleet.size
     seed = parameters.jitter_seed
+    bulk = parameters.bulk_message_seconds
     tx = np.zeros(ranks)
     if mode.hierarchy == "sites" and fleet.sites:
         groups = fleet.members()
@@ -351,7 +353,7 @@ def _collective(
             if len(group) < 2:
                 local_finish.append(0.0)
                 continue
-            hops = site_hops[position : position + len(group)] + overhead[group]
+            hops = site_hops[position : position + len(group)] + overhead[group] + bulk
             position += len(group)
             local_finish.append(
                 ring_completion_seconds(hops, 2 * (len(group) - 1), None, jitter[group], seed)
@@ -361,14 +363,14 @@ def _collective(
         seconds += max(local_finish)
         if "wan_ring" in network:
             leaders = [group[0] for group in groups]
-            hops = network["wan_ring"] + overhead[leaders]
+            hops = network["wan_ring"] + overhead[leaders] + bulk
             seconds += ring_completion_seconds(
                 hops, 2 * (len(leaders) - 1), None, jitter[leaders], seed
             )
             tx[leaders] += 2 * (len(leaders) - 1) * workload.payload_bytes / len(leaders)
             longest = max(longest, float(hops.max()))
         if len(network.get("site_broadcast", [])):
-            broadcast = network["site_broadcast"] + float(overhead.max())
+            broadcast = network["site_broadcast"] + float(overhead.max()) + bulk
             # A binomial tree: log2(site size) rounds, each as long as one leader-to-member copy.
             largest = max(len(group) for group in groups)
             seconds += math.ceil(math.log2(largest)) * float(broadcast.max())
@@ -376,7 +378,12 @@ def _collective(
                 tx[group[0]] += workload.payload_bytes * math.ceil(math.log2(max(len(group), 2)))
             longest = max(longest, float(broadcast.max()))
         return seconds, longest, tx
-    hops_seconds = network["ring"] + overhead
+    message_bytes = (
+        workload.payload_bytes / ranks if mode.combine == "sum" else workload.payload_bytes
+    )
+    hops_seconds = (
+        network["ring"] + overhead + (bulk if message_bytes > INITIAL_WINDOW_BYTES else 0.0)
+    )
     if mode.combine == "sum":
         hops = 2 * (ranks - 1)
         tx[:] = hops * workload.payload_bytes / ranks

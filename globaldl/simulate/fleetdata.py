@@ -23,7 +23,7 @@ EXCHANGE_PHASE = "exchange"
 SUMMABLE_QUANTIZERS = ("none", "fp16")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Observation:
     """One fleet run: its configuration and its measured step."""
 
@@ -42,6 +42,8 @@ class Observation:
     history: tuple[dict[str, Any], ...]
     codec: str
     batch_size: int
+    decompress_seconds: float
+    gradient_bytes_raw_per_step: float
 
     @property
     def key(self) -> str:
@@ -107,6 +109,8 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         history=tuple(summary.get("history") or ()),
         codec=codec,
         batch_size=int(summary.get("global_batch_size", 0)) // max(ranks, 1),
+        decompress_seconds=float(phases.get("decompress", 0.0)) / steps,
+        gradient_bytes_raw_per_step=float(summary.get("gradient_bytes_raw", 0)) / steps,
     )
 
 

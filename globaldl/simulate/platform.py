@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +94,17 @@ class Device:
     @property
     def up(self) -> Direction:
         """The device's uplink."""
-        return link_directions(self.profile)[0]
+        return _directions(self.profile)[0]
 
     @property
     def down(self) -> Direction:
         """The device's downlink."""
-        return link_directions(self.profile)[1]
+        return _directions(self.profile)[1]
+
+
+@lru_cache(maxsize=256)
+def _directions(profile: LinkProfile) -> tuple[Direction, Direction]:
+    return link_directions(profile)
 
 
 @dataclass(frozen=True)
