@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from globaldl.cli import bench, dashboards, experiment, fleet, monitor, report, train
+from globaldl.cli import bench, dashboards, experiment, fleet, monitor, report, simulate, train
 
 app = typer.Typer(
     name="globaldl",
@@ -21,6 +21,7 @@ app.add_typer(monitor.app, name="monitor")
 app.add_typer(dashboards.app, name="dashboards")
 app.add_typer(report.app, name="report")
 app.add_typer(experiment.app, name="experiment")
+app.add_typer(simulate.app, name="simulate")
 
 
 @app.callback()
