@@ -250,9 +250,9 @@ def _build_platform(simgrid: ModuleType, platform: Platform) -> list[Any]:
         host.seal()
         hosts[device] = host
 
-    for device in members.get(-1, []):
-        add_device(world, device)
-    for site in sorted(key for key in members if key >= 0):
+    # Devices without a site sit in one zone of their own: SimGrid's star zone routes hosts or
+    # child zones, not both. Its link to the world is empty, so nothing of it is shared.
+    for site in sorted(members):
         zone = simgrid.NetZone.create_star_zone(f"site-{site}")
         zone.set_parent(world)
         gateway = zone.create_router(f"site-{site}-gateway")
@@ -261,10 +261,19 @@ def _build_platform(simgrid: ModuleType, platform: Platform) -> list[Any]:
         zone.add_route(gateway, None, None, None, [], False)
         zone.add_route(None, gateway, None, None, [], False)
         zone.seal()
-        wan_up = _make_link(world, f"site-{site}-up", platform.site_up[site])
-        wan_down = _make_link(world, f"site-{site}-down", platform.site_down[site])
-        world.add_route(zone.netpoint, None, gateway, None, [simgrid.LinkInRoute(wan_up)], False)
-        world.add_route(None, zone.netpoint, None, gateway, [simgrid.LinkInRoute(wan_down)], False)
+        if site < 0:
+            up_links, down_links = [], []
+        else:
+            up_links = [
+                simgrid.LinkInRoute(_make_link(world, f"site-{site}-up", platform.site_up[site]))
+            ]
+            down_links = [
+                simgrid.LinkInRoute(
+                    _make_link(world, f"site-{site}-down", platform.site_down[site])
+                )
+            ]
+        world.add_route(zone.netpoint, None, gateway, None, up_links, False)
+        world.add_route(None, zone.netpoint, None, gateway, down_links, False)
     world.seal()
     return hosts
 
