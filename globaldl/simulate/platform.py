@@ -155,11 +155,11 @@ class Fleet:
             site_down=tuple(link(site.wan_down) for site in self.sites),
         )
 
-    def jitter_seconds(self) -> np.ndarray:
-        """Per device, the jitter of a message from it to a peer (both links' jitter)."""
-        return np.array(
-            [(device.up.jitter_ms + device.down.jitter_ms) / 1000 for device in self.devices]
-        )
+    def jitter_seconds_each_way(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per device, the +- jitter its uplink and its downlink add to a message (seconds)."""
+        up = np.array([device.up.jitter_ms / 1000 for device in self.devices])
+        down = np.array([device.down.jitter_ms / 1000 for device in self.devices])
+        return up, down
 
 
 def uniform_fleet(

@@ -1,4 +1,4 @@
-"""SimGrid itself, through the adapter: real engine, real TCP model, unreduced ring."""
+"""SimGrid itself, through the adapter: real engine, real TCP model, the exact flow reduction."""
 
 import numpy as np
 import pytest
@@ -10,10 +10,9 @@ from globaldl.simulate.engine import (
     Phase,
     Platform,
     TcpModel,
+    representative_flows,
     simulate_phases,
-    simulate_ring,
 )
-from globaldl.simulate.exchange import ring_completion_seconds
 
 FAST = Link(1e12, 0.0)
 
@@ -43,9 +42,9 @@ def test_flows_sharing_a_site_uplink_slow_each_other_down():
     assert together == pytest.approx([2.0, 2.0], rel=1e-3)
 
 
-def test_reduced_ring_matches_the_unreduced_simulation_on_mixed_links_and_sites():
-    # The reduction (one simulated hop, hops composed by the ring's dependencies) against a
-    # real actor-per-rank ring in SimGrid: 8 ranks, three link classes, two sites.
+def test_simulating_one_flow_per_class_of_independent_flows_is_exact():
+    # Eight devices on three link classes in two sites: a ring hop (independent flows) and a
+    # phase whose flows share site links. The reduced run must give every flow the same time.
     rates = [625_000, 125_000, 625_000, 2_000_000, 625_000, 125_000, 2_000_000, 625_000]
     platform = Platform(
         device_up=tuple(Link(rate, 0.01) for rate in rates),
@@ -54,13 +53,15 @@ def test_reduced_ring_matches_the_unreduced_simulation_on_mixed_links_and_sites(
         site_up=(Link(1e6, 0.005), Link(1e6, 0.005)),
         site_down=(Link(4e6, 0.005), Link(4e6, 0.005)),
     )
-    tcp = TcpModel(latency_factor=1.0, bandwidth_factor=0.9)
     order = list(range(8))
-    chunk, hops = 30_000, 14
-    unreduced = simulate_ring(platform, order, hops, chunk, tcp).max()
-    [one_hop] = simulate_phases(
-        platform, [Phase.of(order, order[1:] + order[:1], [chunk] * 8)], tcp
-    )
-    reduced = ring_completion_seconds(one_hop, hops)
-    assert reduced == pytest.approx(unreduced, rel=0.05)
-    assert np.all(one_hop > 0)
+    phases = [
+        Phase.of(order, order[1:] + order[:1], [30_000] * 8),
+        Phase.of([0, 1, 2, 4], [5, 6, 7, 0], [10_000, 20_000, 20_000, 5_000]),
+    ]
+    tcp = TcpModel(latency_factor=1.0, bandwidth_factor=0.9)
+    reduced = simulate_phases(platform, phases, tcp)
+    full = simulate_phases(platform, phases, tcp, reduce=False)
+    for mine, theirs in zip(reduced, full, strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-9)
+    simulated, _ = representative_flows(platform, phases[0])
+    assert len(simulated) < 8  # the ring hop needed fewer SimGrid flows than messages
