@@ -1,25 +1,25 @@
-"""The exchange as Horovod and Gloo run it: rings, coordination cycles, sites and local steps.
+"""The exchange as Horovod 0.28.1 and its Gloo run it: which messages, between whom, how long.
 
-What each collective does on the wire (read from Gloo's and Horovod's sources):
+What each collective does on the wire (read from Gloo's `allreduce.cc`, `allgatherv.cc` and
+Horovod's `gloo_controller.cc`, `response_cache.cc`); rank r sends to rank r-1:
 
-- ring allreduce (Gloo `allreduce`): 2(N-1) hops; in each hop every rank sends 1/N of the
-  buffer (two segments in flight) to its ring neighbour, and may only forward what it has
-  received in the hop before.
-- ring allgather (Gloo `allgatherv`): N-1 hops of one rank's payload each.
-- broadcast: a binomial tree, ceil(log2 N) hops of the whole buffer.
-- coordination (Horovod's background loop, response cache hit): once per cycle a bitwise-AND
-  allreduce of one 8-byte word. Gloo's ring sends that word along a chain of 2(N-1) single
-  messages, so its time is latency, not bandwidth. A collective waits for the next cycle
-  (half a loop period on average) and its coordination.
+- ring allreduce: 2(N-1) hops; in each hop every rank sends 1/N of the buffer to its ring
+  neighbour and may only forward what it received in the hop before.
+- ring allgather(v): N-1 hops of one rank's whole payload each.
+- coordination (response cache hit, every cycle of Horovod's background loop): a bitwise-AND
+  allreduce of ceil((cached tensors + 3) / 64) 64-bit words. Gloo splits any allreduce into
+  2N segments of at least one element; an 8-byte buffer fills only segment 0, and Gloo skips
+  every empty segment, so the word travels as a chain of single messages: N-1 of them from
+  rank N-1 down to rank 0 (reduce-scatter), then N-1 from rank 0 to N-1 and down to rank 1
+  (allgather). See `globaldl.simulate.steps` for its timing.
 - hierarchical (sum over sites): ring allreduce inside each site, ring allreduce of one leader
-  per site across the WAN (2(S-1) hops), broadcast inside each site.
+  per site across the WAN, broadcast inside each site (a binomial tree).
 - local steps: one exchange every H steps; with overlap it runs behind the next round.
 
-Reduction that makes 10,000 devices tractable: every hop of a ring moves the same sizes
-between the same neighbours, so SimGrid simulates ONE hop with all N messages in flight at once
-(their contention on shared site links is what it computes), and the 2(N-1) hops are composed
-from those per-message times by the ring's data dependencies (`ring_completion_seconds`).
-Identical steps are simulated once. `engine.simulate_ring` runs the unreduced ring for checks.
+SimGrid gives each message's transfer time on the platform (one engine, latency factor 1:
+every message pays its route's latency once); a message larger than TCP's initial window also
+pays slow start, `(latency_factor - 1) x route latency` (LV08's latency factor, fitted on runs
+with emulated latency), and `bulk_message_seconds` of fitted per-message overhead.
 """
 
 from __future__ import annotations
@@ -30,19 +30,17 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from globaldl.simulate.engine import Phase, TcpModel, simulate_phases
+from globaldl.simulate.engine import TcpModel, simulate_phases
 from globaldl.simulate.platform import Fleet
+from globaldl.simulate.topology import Phase, Platform, route_latency_seconds
 
-# Horovod's coordination word, plus Gloo's per-message header: one TCP segment.
+# Horovod's coordination word: one 64-bit word while fewer than 61 tensors are cached.
 COORDINATION_MESSAGE_BYTES = 8
-# A message that fits TCP's initial window (10 segments) arrives in one flight: one latency.
+# A message that fits TCP's initial window (10 segments) arrives in one flight: no slow start.
 INITIAL_WINDOW_BYTES = 10 * 1448
 HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS = 30.0
 COMBINES = ("sum", "gather")
 HIERARCHIES = ("none", "sites")
-# Horovod's background loop never gets the whole CPU share; this floor keeps a device that it
-# would starve from taking infinitely long per message (the CPU scheduler still runs it).
-MIN_AVAILABLE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,11 @@ class ExchangeMode:
 
 @dataclass(frozen=True)
 class ExchangeParameters:
-    """What the exchange model needs beyond the platform; calibration fits some of these."""
+    """What the exchange model needs beyond the platform; calibration fits some of these.
+
+    `tcp.latency_factor` is LV08's slow-start factor, applied to messages larger than TCP's
+    initial window; SimGrid itself always runs at latency factor 1.
+    """
 
     tcp: TcpModel = field(default_factory=TcpModel)
     message_cpu_seconds: float = 0.0
@@ -78,106 +80,41 @@ class ExchangeParameters:
     gloo_timeout_seconds: float = HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS
     jitter_seed: int = 0
 
-    def message_overhead_seconds(self, fleet: Fleet, cycle_time_seconds: float) -> np.ndarray:
-        """Per device, the software time one message costs it (Gloo, syscalls, copies).
+    def __post_init__(self) -> None:
+        for name in ("message_cpu_seconds", "cycle_cpu_seconds", "bulk_message_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.gloo_timeout_seconds > 0:
+            raise ValueError(f"gloo_timeout_seconds must be > 0, got {self.gloo_timeout_seconds}")
 
-        It is CPU work done at the device's CPU share, less what Horovod's background loop
-        burns every cycle: on a quarter core with a 1 ms cycle little is left for messages.
-        """
-        shares = np.array([device.cpu_cores * device.speed for device in fleet.devices])
-        background_cores = self.cycle_cpu_seconds / cycle_time_seconds
-        available = np.maximum(shares - background_cores, MIN_AVAILABLE_SHARE * shares)
-        return self.message_cpu_seconds / available
-
-    def small_message_tcp(self) -> TcpModel:
-        """The TCP model for messages within one initial window: no slow-start latency."""
+    def engine_tcp(self) -> TcpModel:
+        """The model SimGrid runs: the fitted bandwidth factor, latency paid once."""
         return replace(self.tcp, latency_factor=1.0)
 
-
-@dataclass(frozen=True)
-class Workload:
-    """One exchange's payload and the steps around it."""
-
-    payload_bytes: float
-    cycle_time_seconds: float
-    compute_seconds: np.ndarray  # per device, every non-exchange phase of one step
-
-    def __post_init__(self) -> None:
-        if not self.payload_bytes >= 0:
-            raise ValueError(f"payload_bytes must be >= 0, got {self.payload_bytes!r}")
-        if not self.cycle_time_seconds > 0:
-            raise ValueError(f"cycle_time_seconds must be > 0, got {self.cycle_time_seconds!r}")
+    def slow_start_seconds(self, route_latency_seconds: np.ndarray) -> np.ndarray:
+        """What a message beyond TCP's initial window adds to its route's latency."""
+        return (self.tcp.latency_factor - 1.0) * route_latency_seconds + self.bulk_message_seconds
 
 
-@dataclass(frozen=True)
-class StepEstimate:
-    """One simulated training step (averaged over a round when steps are local)."""
-
-    step_seconds: float
-    compute_seconds: float
-    exchange_seconds: float
-    cycle_wait_seconds: float
-    coordination_seconds: float
-    collective_seconds: float
-    device_tx_bytes_per_step: float
-    max_device_tx_bytes_per_step: float
-    longest_wait_seconds: float
-    timed_out: bool
-    timeout_reason: str = ""
-
-    def as_row(self) -> dict[str, float | bool | str]:
-        """Plain-data form for tables."""
-        return dict(self.__dict__)
+def ring_order_phase(order: Sequence[int], message_bytes: float) -> Phase:
+    """One hop of Gloo's ring over `order`: position p sends to position p-1, all at once."""
+    order = list(order)
+    return Phase.of(order, order[-1:] + order[:-1], [math.ceil(message_bytes)] * len(order))
 
 
 @dataclass
 class NetworkPlan:
-    """The phases one estimate needs SimGrid for, before they are simulated."""
+    """The message phases one exchange needs SimGrid for, named, before they are simulated."""
 
     fleet: Fleet
-    bulk: dict[str, Phase] = field(default_factory=dict)
-    small: dict[str, Phase] = field(default_factory=dict)
+    phases: dict[str, Phase] = field(default_factory=dict)
 
 
-def ring_phase(order: Sequence[int], message_bytes: float) -> Phase:
-    """One hop of a ring over `order`: every rank sends to the next one, all at once."""
-    order = list(order)
-    return Phase.of(order, order[1:] + order[:1], [math.ceil(message_bytes)] * len(order))
-
-
-def ring_completion_seconds(
-    hop_seconds: np.ndarray,
-    hops: int,
-    start_seconds: np.ndarray | None = None,
-    jitter_seconds: np.ndarray | None = None,
-    seed: int = 0,
-) -> float:
-    """When the last rank of a ring finishes `hops` hops.
-
-    `hop_seconds[i]` is how long rank i's message to rank i+1 takes. Rank i may send hop k once
-    its own hop k-1 is out and it has received hop k-1 from rank i-1, so
-    finish[i, k] = max(finish[i, k-1], finish[i-1, k-1]) + hop_seconds[i] (+ jitter).
-    """
-    ranks = len(hop_seconds)
-    if hops <= 0 or ranks < 2:
-        return float(np.max(start_seconds)) if start_seconds is not None else 0.0
-    finish = np.zeros(ranks) if start_seconds is None else np.asarray(start_seconds, float).copy()
-    rng = np.random.default_rng(seed)
-    jitter = None if jitter_seconds is None or not np.any(jitter_seconds) else jitter_seconds
-    for _ in range(hops):
-        ready = np.maximum(finish, np.roll(finish, 1))
-        finish = ready + hop_seconds
-        if jitter is not None:
-            finish = finish + rng.uniform(-1.0, 1.0, ranks) * jitter
-    return float(finish.max())
-
-
-def coordination_chain_seconds(hop_seconds: np.ndarray) -> float:
-    """One coordination allreduce: its word passes every link of the ring twice, one at a time."""
-    ranks = len(hop_seconds)
-    if ranks < 2:
-        return 0.0
-    return float(2 * (ranks - 1) / ranks * hop_seconds.sum())
+def site_groups(fleet: Fleet, mode: ExchangeMode) -> list[list[int]]:
+    """Rank groups of a hierarchical exchange (one per site and per device without a site)."""
+    if mode.hierarchy == "sites" and fleet.sites:
+        return fleet.members()
+    return [list(range(fleet.size))]
 
 
 def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> NetworkPlan:
@@ -186,34 +123,28 @@ def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> Netw
     ranks = list(range(fleet.size))
     if fleet.size < 2:
         return plan
-    plan.small["coordination"] = ring_phase(ranks, COORDINATION_MESSAGE_BYTES)
-    if mode.hierarchy == "sites" and fleet.sites:
-        groups = fleet.members()
-        local = [Phase.of([], [], [])]
-        for group in groups:
-            if len(group) > 1:
-                local.append(ring_phase(group, payload_bytes / len(group)))
-        plan.bulk["site_ring"] = _merge(local)
+    plan.phases["chain"] = ring_order_phase(ranks, COORDINATION_MESSAGE_BYTES)
+    groups = site_groups(fleet, mode)
+    if len(groups) > 1:
+        local = [
+            ring_order_phase(group, payload_bytes / len(group))
+            for group in groups
+            if len(group) > 1
+        ]
+        plan.phases["site_ring"] = _merge(local) if local else Phase.of([], [], [])
         leaders = [group[0] for group in groups]
-        if len(leaders) > 1:
-            plan.bulk["wan_ring"] = ring_phase(leaders, payload_bytes / len(leaders))
-        plan.bulk["site_broadcast"] = _merge(
-            [
-                Phase.of(
-                    [group[0]] * (len(group) - 1),
-                    group[1:],
-                    [math.ceil(payload_bytes)] * (len(group) - 1),
-                )
-                for group in groups
-                if len(group) > 1
-            ]
-            or [Phase.of([], [], [])]
+        plan.phases["wan_ring"] = ring_order_phase(leaders, payload_bytes / len(leaders))
+        # A binomial broadcast: every round each holder sends one copy; one leader-to-member
+        # copy per site gives a round's time.
+        members = [group for group in groups if len(group) > 1]
+        plan.phases["site_broadcast"] = Phase.of(
+            [group[0] for group in members],
+            [group[1] for group in members],
+            [math.ceil(payload_bytes)] * len(members),
         )
         return plan
-    if mode.combine == "sum":
-        plan.bulk["ring"] = ring_phase(ranks, payload_bytes / fleet.size)
-    else:
-        plan.bulk["ring"] = ring_phase(ranks, payload_bytes)
+    message_bytes = payload_bytes / fleet.size if mode.combine == "sum" else payload_bytes
+    plan.phases["ring"] = ring_order_phase(ranks, message_bytes)
     return plan
 
 
@@ -225,170 +156,106 @@ def _merge(phases: Sequence[Phase]) -> Phase:
     )
 
 
-def simulate_plans(
-    plans: Sequence[NetworkPlan], parameters: ExchangeParameters
-) -> list[dict[str, np.ndarray]]:
-    """Simulate every plan's phases in SimGrid: one child process per TCP model for all plans.
+@dataclass(frozen=True)
+class Hops:
+    """One phase's messages with their simulated seconds (slow start and overheads included)."""
 
-    The plans' fleets become disjoint parts of one platform; their phases run one after the
-    other, so none disturbs another.
+    phase: Phase
+    transfer_seconds: np.ndarray  # pushing the bytes through the links (SimGrid)
+    latency_seconds: np.ndarray  # route latency, slow start, per-message overhead
+    jitter_seconds: np.ndarray  # +- amplitude of each message's extra delay
+
+    @property
+    def seconds(self) -> np.ndarray:
+        """Each message's time from sending to arrival, without jitter."""
+        return self.transfer_seconds + self.latency_seconds
+
+
+@dataclass(frozen=True)
+class Transfers:
+    """SimGrid's seconds for one phase's messages, before any fitted overhead is added."""
+
+    phase: Phase
+    simulated_seconds: np.ndarray
+    route_latency_seconds: np.ndarray
+    jitter_seconds: np.ndarray
+
+    def hops(self, parameters: ExchangeParameters) -> Hops:
+        """The messages' times with slow start and per-message overhead of `parameters`."""
+        latency = np.minimum(self.route_latency_seconds, self.simulated_seconds)
+        startup = np.zeros(len(latency))
+        bulk = self.phase.sizes_bytes > INITIAL_WINDOW_BYTES
+        startup[bulk] = parameters.slow_start_seconds(latency[bulk])
+        return Hops(
+            self.phase,
+            transfer_seconds=self.simulated_seconds - latency,
+            latency_seconds=latency + startup,
+            jitter_seconds=self.jitter_seconds,
+        )
+
+
+def simulate_transfers(plans: Sequence[NetworkPlan], tcp: TcpModel) -> list[dict[str, Transfers]]:
+    """Every plan's phases through SimGrid (latency factor 1), all in one engine.
+
+    Distinct fleets sit side by side on one platform (nothing connects them); plans on the same
+    fleet object (one device count, several exchange modes) share its part. Phases run one
+    after the other, so none disturbs another.
     """
-    from globaldl.simulate.platform import Fleet as _Fleet  # noqa: F401 (documentation)
-
-    results: list[dict[str, np.ndarray]] = [{} for _ in plans]
-    for kind, tcp in (("bulk", parameters.tcp), ("small", parameters.small_message_tcp())):
-        platform, offsets = _combined_platform(plans)
-        phases, owners = [], []
-        for index, plan in enumerate(plans):
-            for name, phase in getattr(plan, kind).items():
-                shift = offsets[index]
-                phases.append(
-                    Phase(phase.sources + shift, phase.targets + shift, phase.sizes_bytes)
-                )
-                owners.append((index, name))
-        if not phases:
-            continue
-        for (index, name), seconds in zip(
-            owners, simulate_phases(platform, phases, tcp), strict=True
-        ):
-            results[index][name] = seconds
+    engine_tcp = replace(tcp, latency_factor=1.0)
+    fleets: dict[int, Fleet] = {}
+    for plan in plans:
+        fleets.setdefault(id(plan.fleet), plan.fleet)
+    platforms = {key: fleet.platform() for key, fleet in fleets.items()}
+    union, offsets = Platform.union(list(platforms.values()))
+    offset_of = dict(zip(platforms, offsets, strict=True))
+    owners = [(index, name) for index, plan in enumerate(plans) for name in plan.phases]
+    shifted = []
+    for index, name in owners:
+        phase, shift = plans[index].phases[name], offset_of[id(plans[index].fleet)]
+        shifted.append(Phase(phase.sources + shift, phase.targets + shift, phase.sizes_bytes))
+    seconds = simulate_phases(union, shifted, engine_tcp) if shifted else []
+    jitter = {key: fleet.jitter_seconds_each_way() for key, fleet in fleets.items()}
+    results: list[dict[str, Transfers]] = [{} for _ in plans]
+    for (index, name), simulated in zip(owners, seconds, strict=True):
+        plan = plans[index]
+        phase = plan.phases[name]
+        up_jitter, down_jitter = jitter[id(plan.fleet)]
+        results[index][name] = Transfers(
+            phase,
+            simulated,
+            route_latency_seconds(platforms[id(plan.fleet)], phase.sources, phase.targets),
+            up_jitter[phase.sources] + down_jitter[phase.targets],
+        )
     return results
 
 
-def _combined_platform(plans: Sequence[NetworkPlan]):  # type: ignore[no-untyped-def]
-    from globaldl.simulate.engine import Platform
-
-    up, down, site_of, site_up, site_down, offsets = [], [], [], [], [], []
-    for plan in plans:
-        platform = plan.fleet.platform()
-        offsets.append(len(up))
-        base = len(site_up)
-        up.extend(platform.device_up)
-        down.extend(platform.device_down)
-        site_of.extend(site + base if site >= 0 else -1 for site in platform.site_of_device)
-        site_up.extend(platform.site_up)
-        site_down.extend(platform.site_down)
-    combined = Platform(tuple(up), tuple(down), tuple(site_of), tuple(site_up), tuple(site_down))
-    return combined, offsets
+def simulate_plans(
+    plans: Sequence[NetworkPlan], parameters: ExchangeParameters
+) -> list[dict[str, Hops]]:
+    """Every plan's messages with their times under `parameters` (SimGrid, then overheads)."""
+    return [
+        {name: transfers.hops(parameters) for name, transfers in phases.items()}
+        for phases in simulate_transfers(plans, parameters.tcp)
+    ]
 
 
-def estimate_step(
-    fleet: Fleet,
-    mode: ExchangeMode,
-    workload: Workload,
-    parameters: ExchangeParameters,
-    network: dict[str, np.ndarray],
-) -> StepEstimate:
-    """Compose one step from simulated message times, the cycle and the devices' compute."""
+def collective_tx_bytes(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> np.ndarray:
+    """Bytes each device hands to the network in one exchange (payload only, no headers)."""
     ranks = fleet.size
-    compute = np.asarray(workload.compute_seconds, float)
-    slowest_compute = float(compute.max())
-    if ranks < 2:
-        return StepEstimate(
-            slowest_compute, slowest_compute, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, False
-        )
-    overhead = parameters.message_overhead_seconds(fleet, workload.cycle_time_seconds)
-    coordination = coordination_chain_seconds(network["coordination"] + overhead)
-    loop_period = max(workload.cycle_time_seconds, coordination)
-    cycle_wait = loop_period / 2
-    jitter = fleet.jitter_seconds()
-    collective, longest_hop, tx_bytes = _collective(
-        fleet, mode, workload, parameters, network, jitter, overhead
-    )
-    exchange = cycle_wait + coordination + collective
-    h = mode.local_steps
-    if mode.overlap and h >= 1 and mode.local_steps > 1:
-        round_seconds = max(h * slowest_compute, exchange)
-    else:
-        round_seconds = h * slowest_compute + exchange
-    step = round_seconds / h
-    cycles_per_step = step / loop_period
-    coordination_tx = parameters.coordination_bytes_per_cycle * cycles_per_step
-    # The coordination word's chain: the last rank waits for nearly the whole chain.
-    longest_wait = max(longest_hop, coordination)
-    timed_out = longest_wait > parameters.gloo_timeout_seconds
-    reason = ""
-    if timed_out:
-        what = "a coordination allreduce" if coordination >= longest_hop else "one message"
-        reason = (
-            f"{what} keeps a rank waiting {longest_wait:.1f} s, over Gloo's "
-            f"{parameters.gloo_timeout_seconds:g} s timeout"
-        )
-    return StepEstimate(
-        step_seconds=step,
-        compute_seconds=slowest_compute,
-        exchange_seconds=step - slowest_compute,
-        cycle_wait_seconds=cycle_wait / h,
-        coordination_seconds=coordination / h,
-        collective_seconds=collective / h,
-        device_tx_bytes_per_step=float(tx_bytes.mean() / h + coordination_tx),
-        max_device_tx_bytes_per_step=float(tx_bytes.max() / h + coordination_tx),
-        longest_wait_seconds=longest_wait,
-        timed_out=timed_out,
-        timeout_reason=reason,
-    )
-
-
-def _collective(
-    fleet: Fleet,
-    mode: ExchangeMode,
-    workload: Workload,
-    parameters: ExchangeParameters,
-    network: dict[str, np.ndarray],
-    jitter: np.ndarray,
-    overhead: np.ndarray,
-) -> tuple[float, float, np.ndarray]:
-    """(seconds, longest single message, bytes each device sends) of one exchange."""
-    ranks = fleet.size
-    seed = parameters.jitter_seed
-    bulk = parameters.bulk_message_seconds
     tx = np.zeros(ranks)
-    if mode.hierarchy == "sites" and fleet.sites:
-        groups = fleet.members()
-        seconds, longest = 0.0, 0.0
-        site_hops = network.get("site_ring", np.zeros(0))
-        position = 0
-        local_finish = []
+    if ranks < 2:
+        return tx
+    groups = site_groups(fleet, mode)
+    if len(groups) > 1:
         for group in groups:
-            if len(group) < 2:
-                local_finish.append(0.0)
-                continue
-            hops = site_hops[position : position + len(group)] + overhead[group] + bulk
-            position += len(group)
-            local_finish.append(
-                ring_completion_seconds(hops, 2 * (len(group) - 1), None, jitter[group], seed)
-            )
-            tx[group] += 2 * (len(group) - 1) * workload.payload_bytes / len(group)
-            longest = max(longest, float(hops.max()))
-        seconds += max(local_finish)
-        if "wan_ring" in network:
-            leaders = [group[0] for group in groups]
-            hops = network["wan_ring"] + overhead[leaders] + bulk
-            seconds += ring_completion_seconds(
-                hops, 2 * (len(leaders) - 1), None, jitter[leaders], seed
-            )
-            tx[leaders] += 2 * (len(leaders) - 1) * workload.payload_bytes / len(leaders)
-            longest = max(longest, float(hops.max()))
-        if len(network.get("site_broadcast", [])):
-            broadcast = network["site_broadcast"] + float(overhead.max()) + bulk
-            # A binomial tree: log2(site size) rounds, each as long as one leader-to-member copy.
-            largest = max(len(group) for group in groups)
-            seconds += math.ceil(math.log2(largest)) * float(broadcast.max())
-            for group in groups:
-                tx[group[0]] += workload.payload_bytes * math.ceil(math.log2(max(len(group), 2)))
-            longest = max(longest, float(broadcast.max()))
-        return seconds, longest, tx
-    message_bytes = (
-        workload.payload_bytes / ranks if mode.combine == "sum" else workload.payload_bytes
-    )
-    hops_seconds = (
-        network["ring"] + overhead + (bulk if message_bytes > INITIAL_WINDOW_BYTES else 0.0)
-    )
+            size = len(group)
+            tx[group] += 2 * (size - 1) * payload_bytes / size
+            tx[group[0]] += payload_bytes * math.ceil(math.log2(max(size, 2))) * (size > 1)
+        leaders = [group[0] for group in groups]
+        tx[leaders] += 2 * (len(leaders) - 1) * payload_bytes / len(leaders)
+        return tx
     if mode.combine == "sum":
-        hops = 2 * (ranks - 1)
-        tx[:] = hops * workload.payload_bytes / ranks
+        tx[:] = 2 * (ranks - 1) * payload_bytes / ranks
     else:
-        hops = ranks - 1
-        tx[:] = hops * workload.payload_bytes
-    seconds = ring_completion_seconds(hops_seconds, hops, None, jitter, seed)
-    return seconds, float(hops_seconds.max()), tx
+        tx[:] = (ranks - 1) * payload_bytes
+    return tx

@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from globaldl.fleet.profiles import DEFAULT_PROFILES_PATH, LinkProfile, load_profiles, parse_mix
-from globaldl.simulate.engine import Link, Platform
+from globaldl.simulate.topology import Link, Platform
 
 DEFAULT_MIXES_PATH = DEFAULT_PROFILES_PATH.parent / "mixes.yaml"
 # tc tbf shapes Ethernet frames; TCP carries 1448 payload bytes in a 1514-byte frame. The

@@ -6,13 +6,10 @@ import pytest
 from globaldl.simulate.engine import (
     LV08_BANDWIDTH_FACTOR,
     LV08_LATENCY_FACTOR,
-    Link,
-    Phase,
-    Platform,
     TcpModel,
-    representative_flows,
     simulate_phases,
 )
+from globaldl.simulate.topology import Link, Phase, Platform, representative_flows
 
 FAST = Link(1e12, 0.0)
 
