@@ -1,7 +1,8 @@
-"""Write the simulator's results: calibration error table, projection tables, plots, README text."""
+"""Write the simulator's results: calibration error table, projection tables, README section."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -10,11 +11,20 @@ from typing import Any
 from globaldl.bench.results import markdown_table
 from globaldl.experiments.outputs import save_figure, write_csv
 from globaldl.monitoring.files import write_text_atomically
-from globaldl.simulate.calibration import MAX_MEDIAN_ERROR, Calibration, SimParameters
+from globaldl.simulate.calibration import (
+    MAX_MEDIAN_ERROR,
+    NOT_SCORED,
+    Calibration,
+    SimParameters,
+)
+from globaldl.simulate.plots import draw_calibration, draw_projection
+from globaldl.simulate.projection import answer, best_modes, crossovers
 from globaldl.summary import write_json_atomically
 
 DEFAULT_OUT_DIR = Path(__file__).resolve().parents[2] / "results" / "projection"
+DEFAULT_README = Path(__file__).resolve().parents[2] / "README.md"
 PARAMETERS_FILE = "calibration.json"
+PROJECTION_KIND = "globaldl simulate projection"
 README_BEGIN = "<!-- simulate:projection:begin -->"
 README_END = "<!-- simulate:projection:end -->"
 ERROR_COLUMNS = (
@@ -31,6 +41,8 @@ ERROR_COLUMNS = (
     "measured_step_seconds",
     "simulated_step_seconds",
     "error",
+    "simulated_cpu_seconds_per_step",
+    "measured_cpu_seconds_per_step",
 )
 PROJECTION_COLUMNS = (
     "devices",
@@ -39,20 +51,36 @@ PROJECTION_COLUMNS = (
     "coordination_seconds",
     "collective_seconds",
     "compute_seconds",
-    "seconds_to_target",
+    "seconds_to_target_same_steps",
+    "seconds_to_target_same_examples",
     "device_tx_bytes_per_step",
     "examples_per_second",
+    "longest_wait_seconds",
     "times_out",
 )
 
 
 def read_parameters(path: Path) -> SimParameters:
     """Fitted parameters from a calibration JSON, or a clear error."""
-    import json
-
     if not Path(path).is_file():
         raise ValueError(f"{path}: no calibration yet; run `globaldl simulate calibrate` first")
     return SimParameters.from_config(json.loads(Path(path).read_text())["parameters"])
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def calibration_summary(document: Mapping[str, Any]) -> str:
+    """One sentence: what the committed calibration was fitted on and how far off it is."""
+    parameters = document["parameters"]
+    latency = "fitted" if parameters["latency_fitted"] else "not fitted (no fit run had latency)"
+    return (
+        f"held-out median |error| on step time {document['held_out_median_abs_error']:.1%} "
+        f"(target <= {MAX_MEDIAN_ERROR:.0%}: {_verdict(document['error_target_met'])}), "
+        f"rankings preserved: {_verdict(document['rankings_preserved'])}; slow-start latency "
+        f"factor {parameters['latency_factor']:g}, {latency}"
+    )
 
 
 def write_calibration(out_dir: Path, calibration: Calibration, command: str) -> Path:
@@ -73,12 +101,10 @@ def write_calibration(out_dir: Path, calibration: Calibration, command: str) -> 
     write_json_atomically(out_dir / PARAMETERS_FILE, document)
     write_csv(out_dir / "calibration.csv", calibration.rows, ERROR_COLUMNS)
     write_text_atomically(out_dir / "calibration.md", calibration_markdown(calibration, command))
-    save_figure(out_dir / "calibration.png", lambda figure: _draw_errors(figure, calibration.rows))
+    save_figure(
+        out_dir / "calibration.png", lambda figure: draw_calibration(figure, calibration.rows)
+    )
     return out_dir / PARAMETERS_FILE
-
-
-def _verdict(met: bool) -> str:
-    return "met" if met else "NOT met"
 
 
 def calibration_markdown(calibration: Calibration, command: str) -> str:
@@ -89,19 +115,21 @@ def calibration_markdown(calibration: Calibration, command: str) -> str:
         | {"discordant": "; ".join(ranking["discordant"]) or "-"}
         for ranking in calibration.rankings
     ]
+    latency = "fitted" if parameters.latency_fitted else "LV08 default: no fit run had latency"
     return (
         "# Simulator calibration\n\n"
         f"Made with `{command}`. Fitted on {', '.join(parameters.fitted_on)}; every other run "
-        "is held out.\n\n"
+        f"is held out. Runs on one device ({NOT_SCORED}) have no exchange to simulate and are "
+        "left out of the statistics.\n\n"
         "| parameter | value |\n|---|---|\n"
         f"| SimGrid bandwidth factor (TCP payload efficiency on the shaped rate) | "
         f"{parameters.bandwidth_factor:g} |\n"
-        f"| SimGrid latency factor | {parameters.latency_factor:g} "
-        f"({'fitted' if parameters.latency_fitted else 'LV08 default: no run had latency'}) |\n"
+        f"| slow-start latency factor (messages beyond TCP's initial window) | "
+        f"{parameters.latency_factor:g} ({latency}) |\n"
         f"| CPU seconds per Gloo message | {parameters.message_cpu_seconds:g} |\n"
         f"| CPU seconds of Horovod's background loop per cycle | "
         f"{parameters.cycle_cpu_seconds:g} |\n"
-        f"| extra seconds per bulk message (ACKs behind queued data) | "
+        f"| extra seconds per message beyond the initial window | "
         f"{parameters.bulk_message_seconds:g} |\n"
         f"| coordination bytes per device per cycle (measured) | "
         f"{parameters.coordination_bytes_per_cycle:g} |\n\n"
@@ -116,112 +144,114 @@ def calibration_markdown(calibration: Calibration, command: str) -> str:
     )
 
 
-def _draw_errors(figure: Any, rows: Sequence[Mapping[str, Any]]) -> None:
-    axes = figure.add_subplot(1, 1, 1)
-    for role, marker in (("fit", "o"), ("held out", "s")):
-        chosen = [row for row in rows if row["role"] == role]
-        axes.scatter(
-            [row["measured_step_seconds"] for row in chosen],
-            [row["simulated_step_seconds"] for row in chosen],
-            marker=marker,
-            label=role,
-            alpha=0.7,
-        )
-    low = min(min(row["measured_step_seconds"], row["simulated_step_seconds"]) for row in rows)
-    high = max(max(row["measured_step_seconds"], row["simulated_step_seconds"]) for row in rows)
-    axes.plot([low, high], [low, high], color="grey", linewidth=0.8)
-    axes.plot([low, high], [low * 1.1, high * 1.1], color="grey", linewidth=0.5, linestyle=":")
-    axes.plot([low, high], [low * 0.9, high * 0.9], color="grey", linewidth=0.5, linestyle=":")
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xlabel("fleet step seconds (measured)")
-    axes.set_ylabel("simulated step seconds")
-    axes.set_title("Simulated against measured step time (dotted: +-10%)")
-    axes.legend()
-
-
 def write_projection(
-    out_dir: Path,
-    name: str,
-    rows: Sequence[Mapping[str, Any]],
-    crossover_rows: Sequence[Mapping[str, Any]],
-    header: Mapping[str, Any],
+    out_dir: Path, name: str, rows: Sequence[Mapping[str, Any]], header: Mapping[str, Any]
 ) -> Path:
-    """NAME.json, NAME.csv, NAME.md and NAME.png (step time and time to target vs devices)."""
+    """NAME.json, NAME.csv, NAME.md and NAME.png: the rows, crossovers and the answer."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(
-        out_dir / f"{name}.json",
-        {**header, "rows": list(rows), "crossovers": list(crossover_rows)},
-    )
+    crossover_rows = crossovers(rows)
+    best = best_modes(rows)
+    document = {
+        "kind": PROJECTION_KIND,
+        **header,
+        "answer": answer(rows),
+        "crossovers": crossover_rows,
+        "best_mode_per_device_count": best,
+        "rows": list(rows),
+    }
+    write_json_atomically(out_dir / f"{name}.json", document)
     write_csv(out_dir / f"{name}.csv", rows)
-    text = (
-        f"# Projection: {header['title']}\n\n"
-        f"Made with `{header['command']}`; parameters from {header['parameters_file']}.\n\n"
-        + markdown_table(rows, PROJECTION_COLUMNS)
-        + "\n## Where each exchange mode stops paying off\n\n"
-        + markdown_table(crossover_rows)
-    )
-    write_text_atomically(out_dir / f"{name}.md", text)
+    write_text_atomically(out_dir / f"{name}.md", projection_markdown(document))
+    pays_off = {row["mode"]: row["pays_off_up_to_devices"] for row in crossover_rows}
     save_figure(
         out_dir / f"{name}.png",
-        lambda figure: _draw_projection(figure, rows, header["title"]),
+        lambda figure: draw_projection(figure, rows, pays_off, header["title"]),
         width_inches=11.0,
+        height_inches=8.0,
     )
     return out_dir / f"{name}.md"
 
 
-def _draw_projection(figure: Any, rows: Sequence[Mapping[str, Any]], title: str) -> None:
-    panels = (
-        ("step_seconds", "seconds per step"),
-        ("device_tx_bytes_per_step", "bytes sent per device per step"),
-        ("examples_per_second", "examples per second (whole run)"),
+def projection_markdown(document: Mapping[str, Any]) -> str:
+    """A projection document as markdown."""
+    found = document["answer"]
+    verdict = (
+        f"**{found['devices']} devices** with **{found['mode']}** "
+        f"({found['step_seconds']:.3g} s per step)"
+        if found["devices"]
+        else "**no projected count** pays off"
     )
-    for index, (column, label) in enumerate(panels, start=1):
-        axes = figure.add_subplot(1, len(panels), index)
-        for mode in sorted({row["mode"] for row in rows}):
-            series = sorted(
-                (row for row in rows if row["mode"] == mode), key=lambda row: row["devices"]
-            )
-            line = axes.plot(
-                [row["devices"] for row in series], [row[column] for row in series], marker="o"
-            )
-            timed_out = [row for row in series if row["times_out"]]
-            axes.scatter(
-                [row["devices"] for row in timed_out],
-                [row[column] for row in timed_out],
-                marker="x",
-                s=80,
-                color=line[0].get_color(),
-            )
-            line[0].set_label(mode)
-        axes.set_xscale("log")
-        axes.set_yscale("log")
-        axes.set_xlabel("devices")
-        axes.set_ylabel(label)
-    figure.axes[0].legend(fontsize=7)
-    figure.suptitle(f"{title} (x: times out)")
+    return (
+        f"# Projection: {document['title']}\n\n"
+        f"Made with `{document['command']}` in {document['simulation_seconds']:.0f} s; "
+        f"parameters from `{document['parameters_file']}` ({document['calibration']}).\n\n"
+        f"Largest device count that still pays off: {verdict}. A count pays off when the run "
+        "does not time out and gains at least 10% examples per second over the next smaller "
+        "projected count. Time to target: `same_steps` assumes the fleet's measured steps to "
+        "the target hold at any size, `same_examples` that its measured examples do (the truth "
+        "for large global batches lies between).\n\n"
+        + markdown_table(document["rows"], PROJECTION_COLUMNS)
+        + "\n## Where each exchange mode stops paying off\n\n"
+        + markdown_table(document["crossovers"])
+        + "\n## Best mode per device count\n\n"
+        + markdown_table(document["best_mode_per_device_count"])
+    )
 
 
-def readme_section(summaries: Sequence[Mapping[str, Any]], calibration_line: str) -> str:
-    """The README's generated answer: devices per link class and the exchange each needs."""
-    lines = [
-        README_BEGIN,
+def projection_documents(out_dir: Path) -> list[dict[str, Any]]:
+    """Every projection JSON in `out_dir`, by file name."""
+    documents = []
+    for path in sorted(Path(out_dir).glob("*.json")):
+        document = json.loads(path.read_text())
+        if isinstance(document, dict) and document.get("kind") == PROJECTION_KIND:
+            documents.append(document | {"file": path.name})
+    return documents
+
+
+def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) -> str:
+    """The README's generated answer: devices per link mix and the exchange each needs."""
+    lines = [README_BEGIN, ""]
+    if not documents:
+        lines += ["No projection yet: run `globaldl simulate project`.", "", README_END]
+        return "\n".join(lines)
+    lines += [
+        f"Calibration behind these numbers: {documents[0]['calibration']}.",
         "",
-        calibration_line,
-        "",
-        "| link | largest run that still gains throughput | with exchange | step there | "
-        "first size that times out (all modes) |",
-        "|---|---|---|---|---|",
+        "| link mix | devices one run can use | exchange mode it needs | step there | "
+        "longest wait for one message at the largest count, per mode | details |",
+        "|---|---|---|---|---|---|",
     ]
-    for summary in summaries:
-        lines.append(
-            f"| {summary['link']} | {summary['best_devices'] or 'none'} devices | "
-            f"{summary['best_mode'] or '-'} | {summary['step_text']} | "
-            f"{summary['timeout_devices'] or 'none projected'} |"
+    for document in documents:
+        found = document["answer"]
+        waits = ", ".join(
+            f"{row['mode']} {row['longest_wait_seconds_at_largest']:.3g} s"
+            for row in document["crossovers"]
         )
-    lines += ["", README_END]
+        largest = max(document["request"]["devices"])
+        lines.append(
+            f"| {document['request']['mix']} | "
+            f"{found['devices'] or 'none of the projected counts'} | {found['mode'] or '-'} | "
+            f"{_seconds(found['step_seconds'])} | at {largest}: {waits} | "
+            f"[{document['file'].removesuffix('.json')}]({out_dir_name}/"
+            f"{document['file'].removesuffix('.json')}.md) |"
+        )
+    lines += [
+        "",
+        "Each row: the largest projected device count that does not hit Gloo's timeout "
+        f"(HOROVOD_GLOO_TIMEOUT_SECONDS={documents[0]['request']['gloo_timeout_seconds']:g}) "
+        "and still gains at least 10% examples per second over the next smaller count, "
+        f"{documents[0]['request']['model']} at {documents[0]['request']['cpu_cores']:g} core "
+        "per device. Regenerate: `globaldl simulate project ...` (commands in each details "
+        "file), then `globaldl simulate readme`.",
+        "",
+        README_END,
+    ]
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g} s"
 
 
 def refresh_readme(readme: Path, section: str) -> bool:
