@@ -25,6 +25,18 @@ from globaldl.simulate.projection import ProjectionRequest, project
 # The speed target: 10,000 devices for 100 steps in under 10 minutes on 2 cores.
 TARGET_DEVICES = 10_000
 TARGET_SECONDS = 600.0
+COLUMNS = (
+    "devices",
+    "wall_seconds_median",
+    "wall_seconds_min",
+    "wall_seconds_max",
+    "cpu_seconds_median",
+    "cpu_seconds_min",
+    "cpu_seconds_max",
+    "load_average_1min",
+    "repeats",
+    "growth_exponent_from_previous",
+)
 
 
 def _cpu_seconds() -> float:

@@ -126,7 +126,7 @@ def simulate(
     """What `globaldl simulate project` costs per device count (target: 10,000 in < 10 min)."""
     with user_errors():
         from globaldl.bench.results import write_results
-        from globaldl.bench.simulate import measure_projection_cost, target_verdict
+        from globaldl.bench.simulate import COLUMNS, measure_projection_cost, target_verdict
         from globaldl.simulate.fleetdata import load_observations
         from globaldl.simulate.outputs import DEFAULT_OUT_DIR, PARAMETERS_FILE, read_parameters
         from globaldl.simulate.platform import default_profiles, load_mixes, resolve_mix
@@ -161,6 +161,12 @@ def simulate(
             target_verdict(rows) + ".",
         ]
         _, md_path = write_results(
-            out, "simulate", "Projection cost per device count", rows, "\n".join(notes), command
+            out,
+            "simulate",
+            "Projection cost per device count",
+            rows,
+            "\n".join(notes),
+            command,
+            columns=COLUMNS,
         )
         typer.echo(md_path.read_text())
