@@ -75,6 +75,8 @@ class RunTotals:
     gradient_bytes_raw: int = 0
     gradient_bytes_wire: int = 0
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    # Process CPU time (every thread: TensorFlow, Horovod's loop) when the totals started.
+    cpu_started_seconds: float = field(default_factory=time.process_time)
 
 
 def _configure_threads(local_size: int) -> None:
@@ -481,6 +483,23 @@ class Trainer:
             digest.update(variable.numpy().tobytes())
         return self.exchange.gather_text(digest.hexdigest(), "weight_digests")
 
+    def _rank_totals(self, totals: RunTotals) -> list[dict[str, Any]]:
+        """Every rank's own phase totals and process CPU seconds, gathered in rank order.
+
+        Rank 0's phases alone cannot show unequal ranks (CPU shares, local batches); the CPU
+        seconds show what a CPU quota really had to grant.
+        """
+        own = [totals.phase_seconds[name] for name in PHASES]
+        own.append(time.process_time() - totals.cpu_started_seconds)
+        rows = self.exchange.gather_across_ranks(tf.constant([own], tf.float64), "rank_totals")
+        return [
+            {
+                "phase_seconds": dict(zip(PHASES, row[: len(PHASES)].tolist(), strict=True)),
+                "cpu_seconds": float(row[len(PHASES)]),
+            }
+            for row in rows.numpy()
+        ]
+
     def _print_progress(self, result: EpochResult, totals: RunTotals) -> None:
         step_total = sum(totals.phase_seconds.values()) or 1.0
         shares = " ".join(
@@ -532,6 +551,7 @@ class Trainer:
         self.synchronise_local_statistics()
         digests = self._weight_digests()
         devices = self.exchange.gather_text(self.device, "devices")
+        rank_totals = self._rank_totals(totals)
         settings = self.settings
         return {
             "schema_version": summary.SCHEMA_VERSION,
@@ -562,6 +582,7 @@ class Trainer:
             "history": history,
             "wall_seconds": wall_seconds,
             "phase_seconds": totals.phase_seconds,
+            "rank_totals": rank_totals,
             "gradient_bytes_raw": totals.gradient_bytes_raw,
             "gradient_bytes_wire": totals.gradient_bytes_wire,
             "compression_ratio": summary.compression_ratio(

@@ -64,6 +64,17 @@ def test_a_wrong_value_names_its_path() -> None:
         summary.validate(broken)
 
 
+def test_per_rank_totals_validate_and_a_negative_cpu_time_is_named() -> None:
+    with_ranks = copy.deepcopy(GOOD)
+    with_ranks["rank_totals"] = [
+        {"phase_seconds": dict(GOOD["phase_seconds"]), "cpu_seconds": 12.5} for _ in range(2)
+    ]
+    summary.validate(with_ranks)
+    with_ranks["rank_totals"][1]["cpu_seconds"] = -1.0
+    with pytest.raises(SummaryError, match="rank_totals/1/cpu_seconds"):
+        summary.validate(with_ranks)
+
+
 def test_an_invalid_summary_leaves_no_file(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     broken = dict(GOOD, val_accuracy=1.5)

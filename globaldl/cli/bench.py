@@ -237,3 +237,63 @@ def batchnorm(
         )
         paths = run_and_write(bench, out, progress=typer.echo)
         typer.echo(paths[1].read_text())
+
+
+@app.command()
+def simulate(
+    devices: Annotated[str, typer.Option(help="Device counts to time.")] = "100,1000,3000,10000",
+    mix: Annotated[str, typer.Option(help="Link mix of the projection.")] = (
+        "lte:60,lte-m:30,nb-iot:10"
+    ),
+    model: Annotated[str, typer.Option(help="Model of the projection.")] = "lenet",
+    steps: Annotated[int, typer.Option(help="Steps per projection (at most).")] = 100,
+    repeats: Annotated[int, typer.Option(help="Interleaved repeats (median reported).")] = 3,
+    out: Annotated[Path, typer.Option(help="Results folder.")] = DEFAULT_OUT,
+) -> None:
+    """What `globaldl simulate project` costs per device count (target: 10,000 in < 10 min)."""
+    with user_errors():
+        from globaldl.bench.results import write_results
+        from globaldl.bench.simulate import COLUMNS, measure_projection_cost, target_verdict
+        from globaldl.simulate.fleetdata import load_observations
+        from globaldl.simulate.outputs import DEFAULT_OUT_DIR, PARAMETERS_FILE, read_parameters
+        from globaldl.simulate.platform import default_profiles, load_mixes, resolve_mix
+        from globaldl.simulate.projection import ProjectionRequest
+
+        profiles = default_profiles()
+        counts = tuple(int(value) for value in _numbers("--devices", devices))
+        request = ProjectionRequest(
+            devices=counts,
+            mix=resolve_mix(mix, profiles, load_mixes()),
+            model=model,
+            site_size=50,
+            site_profile=profiles["fibre"],
+            steps=steps,
+        )
+        rows = measure_projection_cost(
+            request,
+            load_observations(),
+            read_parameters(DEFAULT_OUT_DIR / PARAMETERS_FILE),
+            profiles,
+            repeats,
+            progress=lambda message: typer.echo(f"[bench] {message}", err=True),
+        )
+        command = (
+            f"globaldl bench simulate --devices {devices} --mix {mix} --model {model} "
+            f"--steps {steps} --repeats {repeats}"
+        )
+        notes = [
+            "Every exchange mode (dense, fp16-sum, gather, hierarchical with sites of 50, local",
+            "H=8) projected per count; CPU seconds include the SimGrid child processes;",
+            "growth_exponent_from_previous: cost ~ devices^exponent between consecutive counts.",
+            target_verdict(rows) + ".",
+        ]
+        _, md_path = write_results(
+            out,
+            "simulate",
+            "Projection cost per device count",
+            rows,
+            "\n".join(notes),
+            command,
+            columns=COLUMNS,
+        )
+        typer.echo(md_path.read_text())

@@ -13,6 +13,7 @@ from globaldl.cli import (
     monitor,
     provision,
     report,
+    simulate,
     train,
 )
 
@@ -33,6 +34,7 @@ app.add_typer(dashboards.app, name="dashboards")
 app.add_typer(report.app, name="report")
 app.add_typer(experiment.app, name="experiment")
 app.add_typer(provision.app, name="provision")
+app.add_typer(simulate.app, name="simulate")
 
 
 @app.callback()

@@ -41,6 +41,10 @@ def test_two_ranks_train_lenet_on_mnist_to_identical_weights(
     assert result["steps"] == 2 * (4000 // 2 // 16)
     phases = result["phase_seconds"]
     assert phases["compute"] > 0 and phases["exchange"] > 0 and phases["data_load"] > 0
+    # Every rank's own totals, gathered: rank 0's entry is the summary's phase_seconds.
+    assert [entry["phase_seconds"] for entry in result["rank_totals"][:1]] == [phases]
+    assert len(result["rank_totals"]) == 2
+    assert all(entry["cpu_seconds"] > 0 for entry in result["rank_totals"])
     # Uncompressed: every gradient went dense in fp32, plus one fp32 NaN/Inf flag per step.
     assert result["gradient_bytes_wire"] == result["gradient_bytes_raw"] + 4 * result["steps"]
     assert "epoch 2/2" in completed.stdout  # the progress line, from rank 0

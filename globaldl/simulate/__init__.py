@@ -1,0 +1,1 @@
+"""Project training to thousands of devices on SimGrid, calibrated on the fleet's measurements."""

@@ -1,0 +1,202 @@
+"""Gloo's collectives in time: the coordination chain and the ring hops, per rank.
+
+`chain_cycle` times one coordination allreduce of Horovod's response-cache word (a chain of
+single messages, see `exchange`) as a max-plus recurrence solved with cumulative maxima, O(N);
+`ring_finish` composes a ring's hops from each message's transfer, latency and jitter, O(N)
+per hop. A `Collective` is the ring stages of an exchange mode plus a broadcast inside sites.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from globaldl.simulate.exchange import ExchangeMode, Hops, site_groups
+from globaldl.simulate.platform import Fleet
+
+# Random jitter values drawn per generator call in a ring (bounds the block's memory: 16 MB).
+JITTER_BLOCK_VALUES = 2_000_000
+
+
+def chain_cycle(
+    entry_seconds: np.ndarray, hop_seconds: np.ndarray, message_cpu_seconds: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """One coordination allreduce of a word: when each rank is done, and the longest wait.
+
+    `entry_seconds[p]` is when rank p enters; `hop_seconds[p]` is its message to rank p-1
+    (rank 0's goes to rank N-1). Reduce-scatter: x[N-1] = e[N-1] + c, and
+    x[p] = max(x[p+1] + h[p+1], e[p]) + c down to rank 0; allgather: y[N-1] =
+    max(x[0] + h[0], x[N-1]) + c, then y[p] = max(y[p+1] + h[p+1], x[p]) + c down to rank 1.
+    Each recurrence x[p] = max(x[p+1] + a[p], b[p]) is solved with a reversed cumulative max.
+    """
+    ranks = len(entry_seconds)
+    cpu = np.broadcast_to(message_cpu_seconds, (ranks,))
+    if ranks < 2:
+        return entry_seconds.copy(), 0.0
+    step = hop_seconds[1:] + cpu[:-1]  # a[p] for p = 0..N-2: message p+1 -> p, then p's CPU
+    scatter = _chain(entry_seconds + cpu, step)
+    scatter_wait = np.maximum(scatter[1:] + hop_seconds[1:] - entry_seconds[:-1], 0.0)
+    last_start = max(scatter[0] + hop_seconds[0], scatter[-1]) + cpu[-1]
+    gather_base = (scatter + cpu)[1:].copy()
+    gather_base[-1] = last_start
+    gather = _chain(gather_base, step[1:])
+    gather_wait = np.maximum(gather[1:] + hop_seconds[2:] - scatter[1:-1], 0.0)
+    last_wait = max(scatter[0] + hop_seconds[0] - scatter[-1], 0.0)
+    done = np.empty(ranks)
+    done[0] = scatter[0] + cpu[0]
+    done[1:] = gather
+    longest = max(
+        float(scatter_wait.max(initial=0.0)), float(gather_wait.max(initial=0.0)), last_wait
+    )
+    return done, longest
+
+
+def _chain(base: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """x[p] = max(x[p+1] + step[p], base[p]), x[last] = base[last]."""
+    suffix = np.zeros(len(base))
+    suffix[:-1] = np.cumsum(step[::-1])[::-1]
+    return suffix + np.maximum.accumulate((base - suffix)[::-1])[::-1]
+
+
+@dataclass(frozen=True)
+class RingStage:
+    """Ring hops over some ranks: who each rank receives from, how long, and how many hops."""
+
+    upstream: np.ndarray
+    incoming_transfer_seconds: np.ndarray
+    incoming_latency_seconds: np.ndarray
+    incoming_jitter_seconds: np.ndarray
+    hops: np.ndarray  # per rank; 0 for ranks outside this stage
+
+    @classmethod
+    def of(cls, ranks: int, hops: Hops, upstream: np.ndarray, hop_count: np.ndarray) -> RingStage:
+        """The stage in which rank p receives the message `upstream[p]` sends in `hops`."""
+        transfer, latency, jitter = np.zeros(ranks), np.zeros(ranks), np.zeros(ranks)
+        transfer[hops.phase.sources] = hops.transfer_seconds
+        latency[hops.phase.sources] = hops.latency_seconds
+        jitter[hops.phase.sources] = hops.jitter_seconds
+        return cls(upstream, transfer[upstream], latency[upstream], jitter[upstream], hop_count)
+
+
+def ring_finish(
+    start_seconds: np.ndarray,
+    stage: RingStage,
+    message_cpu_seconds: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, float]:
+    """When each rank finishes the stage's hops, and the longest wait for one message.
+
+    Rank p's hop k needs its own hop k-1 done and hop k-1 of its upstream neighbour arrived:
+    f[p, k] = max(f[p, k-1], arrival[p, k-1]) + cpu[p]. Messages between two ranks share one
+    TCP connection: the upstream rank pushes a message's bytes only after the previous
+    message's (transfer), and each message then takes its latency (and jitter) to arrive.
+    """
+    finish = np.array(start_seconds, dtype=float, copy=True)
+    ranks, most = len(finish), int(stage.hops.max(initial=0))
+    jitter = stage.incoming_jitter_seconds
+    jittered = bool(np.any(jitter > 0))
+    every_rank = bool(np.all(stage.hops == most))
+    # A flat ring receives from the next rank: a shifted copy is cheaper than a gather.
+    next_rank = bool(np.array_equal(stage.upstream, np.roll(np.arange(ranks), -1)))
+    pushed = np.full(ranks, -np.inf)  # when the upstream rank's previous bytes were out
+    upstream_finish, arrival, wait = np.empty(ranks), np.empty(ranks), np.empty(ranks)
+    longest = np.zeros(ranks)
+    # Jittered delays are drawn for a block of hops at once: one generator call, not one per hop.
+    block = max(1, min(most, JITTER_BLOCK_VALUES // max(ranks, 1)))
+    delays = np.broadcast_to(stage.incoming_latency_seconds, (block, ranks))
+    for hop in range(most):
+        if jittered and hop % block == 0:
+            noise = rng.uniform(-1.0, 1.0, (block, ranks)) * jitter
+            delays = np.maximum(noise + stage.incoming_latency_seconds, 0.0)
+        if next_rank:
+            upstream_finish[:-1] = finish[1:]
+            upstream_finish[-1] = finish[0]
+        else:
+            np.take(finish, stage.upstream, out=upstream_finish)
+        np.maximum(upstream_finish, pushed, out=pushed)
+        pushed += stage.incoming_transfer_seconds
+        np.add(pushed, delays[hop % block], out=arrival)
+        np.subtract(arrival, finish, out=wait)
+        if every_rank:
+            np.maximum(longest, wait, out=longest)
+            np.maximum(finish, arrival, out=finish)
+            finish += message_cpu_seconds
+            continue
+        active = hop < stage.hops
+        np.maximum(longest, np.where(active, wait, 0.0), out=longest)
+        finish = np.where(active, np.maximum(finish, arrival) + message_cpu_seconds, finish)
+    return finish, float(longest.max(initial=0.0))
+
+
+def sender_seconds(ranks: int, hops: Hops) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank: seconds and jitter of the message it sends in this phase (0 if none)."""
+    seconds, jitter = np.zeros(ranks), np.zeros(ranks)
+    seconds[hops.phase.sources] = hops.seconds
+    jitter[hops.phase.sources] = hops.jitter_seconds
+    return seconds, jitter
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A collective as ring stages, then a broadcast from each rank's site leader."""
+
+    stages: list[RingStage]
+    leader: np.ndarray  # per rank, whose result it receives (itself in a flat ring)
+    broadcast_rounds: np.ndarray
+    broadcast_round_seconds: np.ndarray
+
+    def messages(self) -> np.ndarray:
+        """Messages each rank handles in one collective."""
+        return sum(stage.hops for stage in self.stages) + self.broadcast_rounds
+
+    def finish(
+        self, start_seconds: np.ndarray, message_cpu_seconds: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, float]:
+        """When each rank has the result, and the longest wait for one message."""
+        finish, longest = start_seconds, 0.0
+        for stage in self.stages:
+            finish, wait = ring_finish(finish, stage, message_cpu_seconds, rng)
+            longest = max(longest, wait)
+        rounds = self.broadcast_rounds
+        return finish[self.leader] + rounds * (
+            self.broadcast_round_seconds + message_cpu_seconds
+        ), longest
+
+
+def collective_of(fleet: Fleet, mode: ExchangeMode, network: dict[str, Hops]) -> Collective:
+    """The collective of `mode` on `fleet`, from the simulated message times."""
+    ranks = fleet.size
+    rounds, round_seconds = np.zeros(ranks), np.zeros(ranks)
+    leader = np.arange(ranks)
+    groups = site_groups(fleet, mode)
+    if len(groups) == 1:
+        upstream = np.roll(np.arange(ranks), -1)
+        hops = 2 * (ranks - 1) if mode.combine == "sum" else ranks - 1
+        stage = RingStage.of(ranks, network["ring"], upstream, np.full(ranks, hops))
+        return Collective([stage], leader, rounds, round_seconds)
+    stages = []
+    for name, members in (("site_ring", groups), ("wan_ring", [[g[0] for g in groups]])):
+        upstream, hops = np.arange(ranks), np.zeros(ranks, dtype=np.int64)
+        for group in members:
+            upstream[group] = np.roll(np.asarray(group), -1)
+            hops[group] = 2 * (len(group) - 1)
+        stages.append(RingStage.of(ranks, network[name], upstream, hops))
+    broadcast, _ = sender_seconds(ranks, network["site_broadcast"])
+    for group in groups:
+        leader[group] = group[0]
+        rounds[group[1:]] = math.ceil(math.log2(len(group))) if len(group) > 1 else 0
+        round_seconds[group] = broadcast[group[0]]
+    return Collective(stages, leader, rounds, round_seconds)
+
+
+def chain_sends(ranks: int) -> np.ndarray:
+    """Messages each rank sends in one coordination chain.
+
+    Rank 0 sends only the allgather's first message, rank 1 only its reduce-scatter message;
+    every other rank sends one of each.
+    """
+    sends = np.full(ranks, 2.0)
+    sends[: min(ranks, 2)] = 1.0
+    return sends

@@ -1,0 +1,261 @@
+"""The exchange as Horovod 0.28.1 and its Gloo run it: which messages, between whom, how long.
+
+What each collective does on the wire (read from Gloo's `allreduce.cc`, `allgatherv.cc` and
+Horovod's `gloo_controller.cc`, `response_cache.cc`); rank r sends to rank r-1:
+
+- ring allreduce: 2(N-1) hops; in each hop every rank sends 1/N of the buffer to its ring
+  neighbour and may only forward what it received in the hop before.
+- ring allgather(v): N-1 hops of one rank's whole payload each.
+- coordination (response cache hit, every cycle of Horovod's background loop): a bitwise-AND
+  allreduce of ceil((cached tensors + 3) / 64) 64-bit words. Gloo splits any allreduce into
+  2N segments of at least one element; an 8-byte buffer fills only segment 0, and Gloo skips
+  every empty segment, so the word travels as a chain of single messages: N-1 of them from
+  rank N-1 down to rank 0 (reduce-scatter), then N-1 from rank 0 to N-1 and down to rank 1
+  (allgather). See `globaldl.simulate.steps` for its timing.
+- hierarchical (sum over sites): ring allreduce inside each site, ring allreduce of one leader
+  per site across the WAN, broadcast inside each site (a binomial tree).
+- local steps: one exchange every H steps; with overlap it runs behind the next round.
+
+SimGrid gives each message's transfer time on the platform (one engine, latency factor 1:
+every message pays its route's latency once); a message larger than TCP's initial window also
+pays slow start, `(latency_factor - 1) x route latency` (LV08's latency factor, fitted on runs
+with emulated latency), and `bulk_message_seconds` of fitted per-message overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from globaldl.simulate.engine import TcpModel, simulate_phases
+from globaldl.simulate.platform import Fleet
+from globaldl.simulate.topology import Phase, Platform, route_latency_seconds
+
+# Horovod's coordination word: one 64-bit word while fewer than 61 tensors are cached.
+COORDINATION_MESSAGE_BYTES = 8
+# A message that fits TCP's initial window (10 segments) arrives in one flight: no slow start.
+INITIAL_WINDOW_BYTES = 10 * 1448
+HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS = 30.0
+COMBINES = ("sum", "gather")
+HIERARCHIES = ("none", "sites")
+
+
+@dataclass(frozen=True)
+class ExchangeMode:
+    """How gradients cross the network: the collective, the hierarchy, and local steps."""
+
+    name: str
+    combine: str = "sum"
+    hierarchy: str = "none"
+    local_steps: int = 1
+    overlap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.combine not in COMBINES:
+            raise ValueError(f"combine must be one of {COMBINES}, got {self.combine!r}")
+        if self.hierarchy not in HIERARCHIES:
+            raise ValueError(f"hierarchy must be one of {HIERARCHIES}, got {self.hierarchy!r}")
+        if self.hierarchy == "sites" and self.combine != "sum":
+            raise ValueError("the hierarchical exchange needs a summable payload (combine='sum')")
+        if not isinstance(self.local_steps, int) or self.local_steps < 1:
+            raise ValueError(f"local_steps must be an integer >= 1, got {self.local_steps!r}")
+
+
+@dataclass(frozen=True)
+class ExchangeParameters:
+    """What the exchange model needs beyond the platform; calibration fits some of these.
+
+    `tcp.latency_factor` is LV08's slow-start factor, applied to messages larger than TCP's
+    initial window; SimGrid itself always runs at latency factor 1.
+    """
+
+    tcp: TcpModel = field(default_factory=TcpModel)
+    message_cpu_seconds: float = 0.0
+    cycle_cpu_seconds: float = 0.0
+    bulk_message_seconds: float = 0.0
+    coordination_bytes_per_cycle: float = 400.0
+    gloo_timeout_seconds: float = HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS
+    jitter_seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("message_cpu_seconds", "cycle_cpu_seconds", "bulk_message_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.gloo_timeout_seconds > 0:
+            raise ValueError(f"gloo_timeout_seconds must be > 0, got {self.gloo_timeout_seconds}")
+
+    def engine_tcp(self) -> TcpModel:
+        """The model SimGrid runs: the fitted bandwidth factor, latency paid once."""
+        return replace(self.tcp, latency_factor=1.0)
+
+    def slow_start_seconds(self, route_latency_seconds: np.ndarray) -> np.ndarray:
+        """What a message beyond TCP's initial window adds to its route's latency."""
+        return (self.tcp.latency_factor - 1.0) * route_latency_seconds + self.bulk_message_seconds
+
+
+def ring_order_phase(order: Sequence[int], message_bytes: float) -> Phase:
+    """One hop of Gloo's ring over `order`: position p sends to position p-1, all at once."""
+    order = list(order)
+    return Phase.of(order, order[-1:] + order[:-1], [math.ceil(message_bytes)] * len(order))
+
+
+@dataclass
+class NetworkPlan:
+    """The message phases one exchange needs SimGrid for, named, before they are simulated."""
+
+    fleet: Fleet
+    phases: dict[str, Phase] = field(default_factory=dict)
+
+
+def site_groups(fleet: Fleet, mode: ExchangeMode) -> list[list[int]]:
+    """Rank groups of a hierarchical exchange (one per site and per device without a site)."""
+    if mode.hierarchy == "sites" and fleet.sites:
+        return fleet.members()
+    return [list(range(fleet.size))]
+
+
+def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> NetworkPlan:
+    """The message phases `mode` needs for `payload_bytes` per device on `fleet`."""
+    plan = NetworkPlan(fleet)
+    ranks = list(range(fleet.size))
+    if fleet.size < 2:
+        return plan
+    plan.phases["chain"] = ring_order_phase(ranks, COORDINATION_MESSAGE_BYTES)
+    groups = site_groups(fleet, mode)
+    if len(groups) > 1:
+        local = [
+            ring_order_phase(group, payload_bytes / len(group))
+            for group in groups
+            if len(group) > 1
+        ]
+        plan.phases["site_ring"] = _merge(local) if local else Phase.of([], [], [])
+        leaders = [group[0] for group in groups]
+        plan.phases["wan_ring"] = ring_order_phase(leaders, payload_bytes / len(leaders))
+        # A binomial broadcast: every round each holder sends one copy; one leader-to-member
+        # copy per site gives a round's time.
+        members = [group for group in groups if len(group) > 1]
+        plan.phases["site_broadcast"] = Phase.of(
+            [group[0] for group in members],
+            [group[1] for group in members],
+            [math.ceil(payload_bytes)] * len(members),
+        )
+        return plan
+    message_bytes = payload_bytes / fleet.size if mode.combine == "sum" else payload_bytes
+    plan.phases["ring"] = ring_order_phase(ranks, message_bytes)
+    return plan
+
+
+def _merge(phases: Sequence[Phase]) -> Phase:
+    return Phase(
+        np.concatenate([phase.sources for phase in phases]),
+        np.concatenate([phase.targets for phase in phases]),
+        np.concatenate([phase.sizes_bytes for phase in phases]),
+    )
+
+
+@dataclass(frozen=True)
+class Hops:
+    """One phase's messages with their simulated seconds (slow start and overheads included)."""
+
+    phase: Phase
+    transfer_seconds: np.ndarray  # pushing the bytes through the links (SimGrid)
+    latency_seconds: np.ndarray  # route latency, slow start, per-message overhead
+    jitter_seconds: np.ndarray  # +- amplitude of each message's extra delay
+
+    @property
+    def seconds(self) -> np.ndarray:
+        """Each message's time from sending to arrival, without jitter."""
+        return self.transfer_seconds + self.latency_seconds
+
+
+@dataclass(frozen=True)
+class Transfers:
+    """SimGrid's seconds for one phase's messages, before any fitted overhead is added."""
+
+    phase: Phase
+    simulated_seconds: np.ndarray
+    route_latency_seconds: np.ndarray
+    jitter_seconds: np.ndarray
+
+    def hops(self, parameters: ExchangeParameters) -> Hops:
+        """The messages' times with slow start and per-message overhead of `parameters`."""
+        latency = np.minimum(self.route_latency_seconds, self.simulated_seconds)
+        startup = np.zeros(len(latency))
+        bulk = self.phase.sizes_bytes > INITIAL_WINDOW_BYTES
+        startup[bulk] = parameters.slow_start_seconds(latency[bulk])
+        return Hops(
+            self.phase,
+            transfer_seconds=self.simulated_seconds - latency,
+            latency_seconds=latency + startup,
+            jitter_seconds=self.jitter_seconds,
+        )
+
+
+def simulate_transfers(plans: Sequence[NetworkPlan], tcp: TcpModel) -> list[dict[str, Transfers]]:
+    """Every plan's phases through SimGrid (latency factor 1), all in one engine.
+
+    Distinct fleets sit side by side on one platform (nothing connects them); plans on the same
+    fleet object (one device count, several exchange modes) share its part. Phases run one
+    after the other, so none disturbs another.
+    """
+    engine_tcp = replace(tcp, latency_factor=1.0)
+    fleets: dict[int, Fleet] = {}
+    for plan in plans:
+        fleets.setdefault(id(plan.fleet), plan.fleet)
+    platforms = {key: fleet.platform() for key, fleet in fleets.items()}
+    union, offsets = Platform.union(list(platforms.values()))
+    offset_of = dict(zip(platforms, offsets, strict=True))
+    owners = [(index, name) for index, plan in enumerate(plans) for name in plan.phases]
+    shifted = []
+    for index, name in owners:
+        phase, shift = plans[index].phases[name], offset_of[id(plans[index].fleet)]
+        shifted.append(Phase(phase.sources + shift, phase.targets + shift, phase.sizes_bytes))
+    seconds = simulate_phases(union, shifted, engine_tcp) if shifted else []
+    jitter = {key: fleet.jitter_seconds_each_way() for key, fleet in fleets.items()}
+    results: list[dict[str, Transfers]] = [{} for _ in plans]
+    for (index, name), simulated in zip(owners, seconds, strict=True):
+        plan = plans[index]
+        phase = plan.phases[name]
+        up_jitter, down_jitter = jitter[id(plan.fleet)]
+        results[index][name] = Transfers(
+            phase,
+            simulated,
+            route_latency_seconds(platforms[id(plan.fleet)], phase.sources, phase.targets),
+            up_jitter[phase.sources] + down_jitter[phase.targets],
+        )
+    return results
+
+
+def simulate_plans(
+    plans: Sequence[NetworkPlan], parameters: ExchangeParameters
+) -> list[dict[str, Hops]]:
+    """Every plan's messages with their times under `parameters` (SimGrid, then overheads)."""
+    return [
+        {name: transfers.hops(parameters) for name, transfers in phases.items()}
+        for phases in simulate_transfers(plans, parameters.tcp)
+    ]
+
+
+def collective_tx_bytes(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> np.ndarray:
+    """Bytes each device hands to the network in one exchange (payload only, no headers)."""
+    ranks = fleet.size
+    tx = np.zeros(ranks)
+    if ranks < 2:
+        return tx
+    groups = site_groups(fleet, mode)
+    if len(groups) > 1:
+        for group in groups:
+            size = len(group)
+            tx[group] += 2 * (size - 1) * payload_bytes / size
+            tx[group[0]] += payload_bytes * math.ceil(math.log2(max(size, 2))) * (size > 1)
+        leaders = [group[0] for group in groups]
+        tx[leaders] += 2 * (len(leaders) - 1) * payload_bytes / len(leaders)
+        return tx
+    if mode.combine == "sum":
+        tx[:] = 2 * (ranks - 1) * payload_bytes / ranks
+    else:
+        tx[:] = (ranks - 1) * payload_bytes
+    return tx

@@ -1,0 +1,230 @@
+"""The fleet's committed runs as observations the simulator can be calibrated and checked on.
+
+Every `results/experiments/*/*.json` holds each run's summary (phase times, bytes handed to
+Horovod, steps, accuracy history), its link profile, cycle time and byte accounting. A run
+becomes an `Observation`: the configuration the simulator needs and the step time it must hit.
+
+Each device's work per step is the CPU time of its non-exchange phases at full core speed (a
+CFS quota does not slow a burst down, it stops it when the quota is spent; the simulator
+decides when). The summaries hold wall times, so the CPU time is recovered with the quota's
+own rule: the phases between two exchanges run as one burst, which starts with a full period's
+quota; a burst longer than the quota ran the quota at full speed and the rest at the quota's
+rate (`burst_cpu_seconds`). Runs whose summary carries `rank_totals` give every rank's own
+phases (and their CPU seconds as a bound); older summaries hold rank 0's only, and the other
+ranks' batch-bound phases (input, forward and backward) are moved along each model's measured
+cost per example, a line through every run's rank-0 phases at the batches the runs used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from globaldl.fleet.profiles import LinkProfile
+from globaldl.simulate.cpu import CFS_PERIOD_SECONDS
+
+DEFAULT_RESULTS_DIR = Path(__file__).resolve().parents[2] / "results" / "experiments"
+EXCHANGE_PHASE = "exchange"
+# Phases whose work grows with the local batch; compress, decompress and apply depend on the
+# model's size only.
+BATCH_PHASES = ("data_load", "compute")
+# Codecs whose payloads Horovod sums with allreduce; every other codec is gathered.
+SUMMABLE_QUANTIZERS = ("none", "fp16")
+
+
+@dataclass(frozen=True, eq=False)
+class Observation:
+    """One fleet run: its configuration and its measured step."""
+
+    experiment: str
+    label: str
+    model: str
+    ranks: int
+    profile: LinkProfile
+    cpu_cores: tuple[float, ...]
+    cycle_time_seconds: float
+    combine: str
+    payload_bytes: float
+    compute_cpu_seconds: tuple[float, ...]  # per rank: CPU of the non-exchange phases per step
+    step_seconds: float
+    steps: int
+    history: tuple[dict[str, Any], ...]
+    codec: str
+    batch_sizes: tuple[int, ...]
+    decompress_seconds: float  # rank 0's wall seconds per step
+    compute_wall_seconds: float  # rank 0's non-exchange wall seconds per step
+    gradient_bytes_raw_per_step: float
+    measured_cpu_seconds_per_step: tuple[float, ...] | None = None
+    per_rank_phases: bool = False
+    batch_cpu_seconds: float = 0.0  # rank 0's batch-bound share of its compute CPU per step
+
+    @property
+    def key(self) -> str:
+        """`experiment/label`, unique across the results."""
+        return f"{self.experiment}/{self.label}"
+
+    @property
+    def batch_size(self) -> int:
+        """Rank 0's local batch."""
+        return self.batch_sizes[0]
+
+
+def burst_cpu_seconds(wall_seconds: float, cores: float) -> float:
+    """CPU seconds of a burst that took `wall_seconds` under a quota of `cores`.
+
+    The burst starts with a full period's quota (the device waited for the network before):
+    up to that quota it runs at full speed, beyond it at the quota's rate.
+    """
+    quota = cores * CFS_PERIOD_SECONDS
+    if cores >= 1.0 or wall_seconds <= quota:
+        return wall_seconds
+    return quota + cores * (wall_seconds - quota)
+
+
+def _codec(compression: dict[str, Any]) -> str:
+    prune = compression.get("prune", "none")
+    quantize = compression.get("quantize", "none")
+    if prune == "none":
+        return quantize
+    density = compression.get("density")
+    return f"{prune}{density:g}+{quantize}" if quantize != "none" else f"{prune}{density:g}"
+
+
+def _non_exchange(phases: dict[str, float]) -> float:
+    return sum(seconds for name, seconds in phases.items() if name != EXCHANGE_PHASE)
+
+
+def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | None:
+    """The observation of one run, or None when the run cannot be one (failed, faults)."""
+    summary = run.get("summary") or {}
+    steps = int(summary.get("steps") or 0)
+    phases = summary.get("phase_seconds") or {}
+    if run.get("status") != "ok" or run.get("faults") or steps <= 0 or EXCHANGE_PHASE not in phases:
+        return None
+    ranks = int(summary.get("ranks") or 0)
+    link = dict(run.get("link") or {})
+    if not link or ranks < 1:
+        return None
+    profile = LinkProfile(**link)
+    if not run.get("latency_emulated", False):
+        # The fleet shaped rates only: latency, jitter and loss in the profile never happened.
+        profile = profile.rates_only()
+    fleet = run.get("spec", {}).get("fleet", {})
+    shares = fleet.get("cpu_cores_each") or [fleet.get("cpu_cores_per_device") or 1.0] * ranks
+    shares = [float(share) for share in shares[:ranks]]
+    compression = summary.get("compression") or {}
+    summable = (
+        compression.get("prune", "none") == "none"
+        and compression.get("quantize", "none") in SUMMABLE_QUANTIZERS
+    )
+    batches = [int(size) for size in summary.get("rank_batch_sizes") or []]
+    if len(batches) != ranks:
+        batches = [int(summary.get("global_batch_size", 0)) // max(ranks, 1)] * ranks
+    rank_totals = summary.get("rank_totals") or []
+    measured_cpu = None
+    if len(rank_totals) == ranks:
+        walls = [_non_exchange(entry["phase_seconds"]) / steps for entry in rank_totals]
+        measured_cpu = tuple(float(entry["cpu_seconds"]) / steps for entry in rank_totals)
+        compute = [
+            min(burst_cpu_seconds(wall, share), bound)
+            for wall, share, bound in zip(walls, shares, measured_cpu, strict=True)
+        ]
+    else:
+        compute = [burst_cpu_seconds(_non_exchange(phases) / steps, shares[0])] * ranks
+    batch_share = sum(phases.get(name, 0.0) for name in BATCH_PHASES) / max(
+        _non_exchange(phases), 1e-12
+    )
+    return Observation(
+        experiment=experiment,
+        label=str(run.get("spec", {}).get("label") or run.get("run_id")),
+        model=_model_name(summary),
+        ranks=ranks,
+        profile=profile,
+        cpu_cores=tuple(shares),
+        cycle_time_seconds=float(run.get("cycle_time_ms") or 1.0) / 1000,
+        combine="sum" if summable else "gather",
+        payload_bytes=float(summary["gradient_bytes_wire"]) / steps,
+        compute_cpu_seconds=tuple(compute),
+        step_seconds=sum(phases.values()) / steps,
+        steps=steps,
+        history=tuple(summary.get("history") or ()),
+        codec=_codec(compression),
+        batch_sizes=tuple(batches),
+        decompress_seconds=float(phases.get("decompress", 0.0)) / steps,
+        compute_wall_seconds=_non_exchange(phases) / steps,
+        gradient_bytes_raw_per_step=float(summary.get("gradient_bytes_raw", 0)) / steps,
+        measured_cpu_seconds_per_step=measured_cpu,
+        per_rank_phases=measured_cpu is not None,
+        batch_cpu_seconds=compute[0] * batch_share,
+    )
+
+
+def cpu_per_example(observations: Iterable[Observation]) -> dict[str, float]:
+    """Per model: CPU seconds one more example in the local batch costs (batch-bound phases).
+
+    A least-squares line through every run's rank-0 (batch, batch-bound CPU) where the runs used
+    more than one batch; otherwise proportional to the batch (no fixed part).
+    """
+    points: dict[str, list[tuple[int, float]]] = {}
+    for item in observations:
+        points.setdefault(item.model, []).append((item.batch_size, item.batch_cpu_seconds))
+    slopes = {}
+    for model, pairs in points.items():
+        batches = np.array([batch for batch, _ in pairs], dtype=float)
+        cpu = np.array([seconds for _, seconds in pairs])
+        if len(set(batches.tolist())) > 1:
+            slopes[model] = max(float(np.polyfit(batches, cpu, 1)[0]), 0.0)
+        else:
+            slopes[model] = float(np.median(cpu / np.maximum(batches, 1.0)))
+    return slopes
+
+
+def with_batch_scaling(observation: Observation, seconds_per_example: float) -> Observation:
+    """The observation with every rank's compute moved by its batch against rank 0's."""
+    if observation.per_rank_phases:
+        return observation
+    base = observation.compute_cpu_seconds[0]
+    compute = tuple(
+        max(base + seconds_per_example * (batch - observation.batch_sizes[0]), 0.0)
+        for batch in observation.batch_sizes
+    )
+    return replace(observation, compute_cpu_seconds=compute)
+
+
+def _model_name(summary: dict[str, Any]) -> str:
+    model = str(summary.get("model", "?"))
+    options = summary.get("model_options") or {}
+    if model == "resnet":
+        return f"resnet-{options.get('depth', '?')}"
+    if model == "mlp":
+        return f"mlp-{options.get('layers', '?')}x{options.get('width', '?')}"
+    return model
+
+
+def load_observations(
+    results_dir: Path = DEFAULT_RESULTS_DIR, experiments: Iterable[str] | None = None
+) -> list[Observation]:
+    """Every usable run under `results_dir` (only the named experiments when given)."""
+    wanted = set(experiments) if experiments is not None else None
+    everything: list[Observation] = []
+    for path in sorted(Path(results_dir).glob("*/*.json")):
+        document = json.loads(path.read_text())
+        if not isinstance(document, dict) or "runs" not in document:
+            continue
+        experiment = str((document.get("experiment") or {}).get("name") or path.parent.name)
+        for run in document["runs"]:
+            observation = observation_from_run(experiment, run)
+            if observation is not None:
+                everything.append(observation)
+    # The cost per example is a property of the model, measured over every run that used it.
+    per_example = cpu_per_example(everything)
+    return [
+        with_batch_scaling(item, per_example[item.model])
+        for item in everything
+        if wanted is None or item.experiment in wanted
+    ]

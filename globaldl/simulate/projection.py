@@ -1,0 +1,340 @@
+"""Project a model's training to many devices: step time, time to accuracy, bytes, crossovers.
+
+Per model the fleet's runs give what the simulator does not: payload bytes per codec, CPU time
+per step (and the per-peer decode of gathered payloads), and steps to the target accuracy. The
+simulator gives the exchange on the projected platform: SimGrid once per device count (every
+exchange mode's messages on one platform), then the reduced step model per mode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from globaldl.fleet.profiles import LinkProfile
+from globaldl.simulate.calibration import SimParameters
+from globaldl.simulate.exchange import ExchangeMode, plan_network, simulate_transfers
+from globaldl.simulate.fleetdata import Observation
+from globaldl.simulate.platform import Device, Fleet, LinkMix, Site, link_directions
+from globaldl.simulate.steps import StepEstimate, Workload, simulate_steps
+
+GATHER_CODEC = "topk0.01+int8"
+# A mode still pays off at a device count when it raises examples per second by at least this
+# much over the next smaller projected count (and does not time out).
+MIN_GAIN = 0.10
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """A projected exchange mode: how it runs and which measured codec it stands for."""
+
+    mode: ExchangeMode
+    codec: str  # the fleet codec whose payload, CPU and convergence it uses
+
+
+def default_modes(local_steps: int) -> dict[str, ModeSpec]:
+    """The exchange modes a projection compares."""
+    return {
+        "dense": ModeSpec(ExchangeMode("dense"), "none"),
+        "fp16-sum": ModeSpec(ExchangeMode("fp16-sum"), "fp16"),
+        "gather": ModeSpec(ExchangeMode("gather", combine="gather"), GATHER_CODEC),
+        "hierarchical": ModeSpec(ExchangeMode("hierarchical", hierarchy="sites"), "fp16"),
+        "local": ModeSpec(ExchangeMode("local", local_steps=local_steps, overlap=True), "fp16"),
+    }
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What the fleet measured for one model and codec."""
+
+    model: str
+    codec: str
+    payload_bytes: float
+    base_cpu_seconds: float  # CPU per step at full speed, decode of peers' payloads excluded
+    decode_cpu_seconds_per_peer: float
+    steps_to_target: float | None
+    examples_to_target: float | None
+    steps_source: str
+    local_batch_size: int
+
+
+def model_profile(
+    observations: Sequence[Observation], model: str, codec: str, target_accuracy: float
+) -> ModelProfile:
+    """Median measurements of `model` with `codec` over every run that used them."""
+    runs = [item for item in observations if item.model == model and item.codec == codec]
+    if not runs:
+        have = sorted({(item.model, item.codec) for item in observations})
+        raise ValueError(f"no fleet run measured model {model!r} with codec {codec!r}; have {have}")
+    gathered = [item for item in runs if item.combine == "gather" and item.ranks > 1]
+    # A gathered payload is decoded once per peer: the decompress phase's share of the CPU.
+    per_peer = [
+        item.compute_cpu_seconds[0]
+        * item.decompress_seconds
+        / max(item.compute_wall_seconds, 1e-12)
+        / (item.ranks - 1)
+        for item in gathered
+    ]
+    decode = float(np.median(per_peer)) if per_peer else 0.0
+    base = [
+        item.compute_cpu_seconds[0] - (decode * (item.ranks - 1) if item in gathered else 0.0)
+        for item in runs
+    ]
+    steps, examples, source = _to_target(runs, target_accuracy)
+    return ModelProfile(
+        model=model,
+        codec=codec,
+        payload_bytes=float(np.median([item.payload_bytes for item in runs])),
+        base_cpu_seconds=max(float(np.median(base)), 0.0),
+        decode_cpu_seconds_per_peer=decode,
+        steps_to_target=steps,
+        examples_to_target=examples,
+        steps_source=source,
+        local_batch_size=int(np.median([item.batch_size for item in runs])),
+    )
+
+
+def _to_target(
+    runs: Sequence[Observation], target_accuracy: float
+) -> tuple[float | None, float | None, str]:
+    """Steps and examples to the target in the run with most devices that reached it."""
+    for item in sorted(runs, key=lambda run: run.ranks, reverse=True):
+        epochs = len(item.history)
+        if not epochs:
+            continue
+        steps_per_epoch = item.steps / epochs
+        for entry in item.history:
+            if float(entry.get("val_accuracy", 0.0)) >= target_accuracy:
+                steps = float(entry["epoch"]) * steps_per_epoch
+                examples = steps * sum(item.batch_sizes)
+                return steps, examples, f"{item.key} ({item.ranks} devices)"
+    return None, None, "no fleet run reached the target"
+
+
+@dataclass(frozen=True)
+class ProjectionRequest:
+    """What to project."""
+
+    devices: tuple[int, ...]
+    mix: LinkMix
+    model: str
+    cpu_cores: float = 0.5
+    site_size: int = 0  # 0: no sites
+    site_profile: LinkProfile | None = None
+    local_steps: int = 8
+    target_accuracy: float = 0.9
+    steps: int = 100
+    cycle_time_seconds: float | None = None  # None: the fleet's rule per narrowest link
+    gloo_timeout_seconds: float = 30.0
+    modes: tuple[str, ...] = ("dense", "fp16-sum", "gather", "hierarchical", "local")
+
+    def __post_init__(self) -> None:
+        if not self.devices or any(count < 1 for count in self.devices):
+            raise ValueError(f"devices must be positive counts, got {self.devices!r}")
+        if not self.cpu_cores > 0:
+            raise ValueError(f"cpu_cores must be > 0, got {self.cpu_cores!r}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps!r}")
+
+
+def build_fleet(
+    request: ProjectionRequest, devices: int, profiles: Mapping[str, LinkProfile]
+) -> Fleet:
+    """The projected fleet: the mix's devices, grouped into sites of `site_size` if asked."""
+    fleet = request.mix.fleet(devices, profiles, request.cpu_cores)
+    if request.site_size <= 0 or request.site_profile is None:
+        return fleet
+    up, down = link_directions(request.site_profile)
+    count = math.ceil(devices / request.site_size)
+    sites = tuple(Site(f"site-{index}", up, down) for index in range(count))
+    grouped = tuple(
+        Device(device.profile, device.cpu_cores, device.speed, index // request.site_size)
+        for index, device in enumerate(fleet.devices)
+    )
+    return Fleet(grouped, sites)
+
+
+def cycle_time_seconds(request: ProjectionRequest, fleet: Fleet) -> float:
+    """HOROVOD_CYCLE_TIME as the fleet chooses it: by the narrowest link of any device."""
+    if request.cycle_time_seconds is not None:
+        return request.cycle_time_seconds
+    from globaldl.experiments.cycle_time import auto_cycle_time_ms
+
+    narrowest_up = min(device.up.kbit_per_second for device in fleet.devices)
+    narrowest_down = min(device.down.kbit_per_second for device in fleet.devices)
+    return auto_cycle_time_ms(narrowest_up, narrowest_down) / 1000
+
+
+def project(
+    request: ProjectionRequest,
+    observations: Sequence[Observation],
+    parameters: SimParameters,
+    profiles: Mapping[str, LinkProfile],
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per (devices, mode): step time, time to accuracy, bytes, timeouts."""
+    exchange_parameters = parameters.exchange_parameters(request.gloo_timeout_seconds)
+    specs = default_modes(request.local_steps)
+    unknown = sorted(set(request.modes) - set(specs))
+    if unknown:
+        raise ValueError(f"unknown exchange modes {unknown}; valid: {sorted(specs)}")
+    model_profiles = {
+        codec: model_profile(observations, request.model, codec, request.target_accuracy)
+        for codec in sorted({specs[name].codec for name in request.modes})
+    }
+    rows: list[dict[str, Any]] = []
+    for devices in request.devices:
+        fleet = build_fleet(request, devices, profiles)
+        cycle = cycle_time_seconds(request, fleet)
+        names = [
+            name for name in request.modes if specs[name].mode.hierarchy == "none" or fleet.sites
+        ]
+        plans = [
+            plan_network(fleet, specs[name].mode, model_profiles[specs[name].codec].payload_bytes)
+            for name in names
+        ]
+        transfers = simulate_transfers(plans, exchange_parameters.tcp)
+        for name, phases in zip(names, transfers, strict=True):
+            spec = specs[name]
+            profile = model_profiles[spec.codec]
+            workload = Workload(profile.payload_bytes, cycle, _compute_cpu(fleet, profile, spec))
+            estimate = simulate_steps(
+                fleet,
+                spec.mode,
+                workload,
+                exchange_parameters,
+                {phase: value.hops(exchange_parameters) for phase, value in phases.items()},
+                max_steps=request.steps,
+            )
+            rows.append(_row(request, devices, name, spec, profile, cycle, estimate))
+            if progress is not None:
+                progress(
+                    f"{devices} devices, {name}: {estimate.step_seconds:.3g} s per step "
+                    f"({estimate.simulated_steps} steps simulated)"
+                )
+    return rows
+
+
+def _compute_cpu(fleet: Fleet, profile: ModelProfile, spec: ModeSpec) -> np.ndarray:
+    peers = fleet.size - 1 if spec.mode.combine == "gather" else 0
+    cpu = profile.base_cpu_seconds + profile.decode_cpu_seconds_per_peer * peers
+    return np.full(fleet.size, cpu)
+
+
+def _row(
+    request: ProjectionRequest,
+    devices: int,
+    name: str,
+    spec: ModeSpec,
+    profile: ModelProfile,
+    cycle: float,
+    estimate: StepEstimate,
+) -> dict[str, Any]:
+    # Convergence was measured for H = 1 only; local SGD's is not known from the fleet.
+    measured = spec.mode.local_steps == 1 and profile.steps_to_target is not None
+    examples_per_second = devices * profile.local_batch_size / estimate.step_seconds
+    same_examples = (
+        profile.examples_to_target / examples_per_second
+        if measured and profile.examples_to_target
+        else None
+    )
+    return {
+        "devices": devices,
+        "mode": name,
+        "codec": profile.codec,
+        "payload_bytes": profile.payload_bytes,
+        "cycle_time_ms": cycle * 1000,
+        "step_seconds": estimate.step_seconds,
+        "compute_seconds": estimate.compute_seconds,
+        "coordination_seconds": estimate.coordination_seconds,
+        "collective_seconds": estimate.collective_seconds,
+        "cycles_per_step": estimate.cycles_per_step,
+        "cpu_seconds_per_step": estimate.cpu_seconds_per_step,
+        "seconds_for_steps": estimate.step_seconds * request.steps,
+        "examples_per_second": examples_per_second,
+        "device_tx_bytes_per_step": estimate.device_tx_bytes_per_step,
+        "max_device_tx_bytes_per_step": estimate.max_device_tx_bytes_per_step,
+        "steps_to_target": profile.steps_to_target if measured else None,
+        "seconds_to_target_same_steps": (
+            estimate.step_seconds * profile.steps_to_target if measured else None
+        ),
+        "seconds_to_target_same_examples": same_examples,
+        "target_source": profile.steps_source if measured else "not measured for this H",
+        "longest_wait_seconds": estimate.longest_wait_seconds,
+        "longest_wait_in": estimate.longest_wait_in,
+        "times_out": estimate.timed_out,
+        "timeout_reason": estimate.timeout_reason,
+        "simulated_steps": estimate.simulated_steps,
+    }
+
+
+def crossovers(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per mode: up to how many devices it pays off, and where it first times out.
+
+    A count pays off when the run does not time out and its examples per second are at least
+    MIN_GAIN above those at the next smaller projected count (the smallest count pays off when
+    it runs at all).
+    """
+    result = []
+    for mode in sorted({row["mode"] for row in rows}):
+        series = sorted(
+            (row for row in rows if row["mode"] == mode), key=lambda row: row["devices"]
+        )
+        pays_off, previous = None, None
+        for row in series:
+            if row["times_out"]:
+                break
+            if previous is None or row["examples_per_second"] >= (1 + MIN_GAIN) * previous:
+                pays_off = row
+            else:
+                break
+            previous = row["examples_per_second"]
+        first_timeout = next((row["devices"] for row in series if row["times_out"]), None)
+        result.append(
+            {
+                "mode": mode,
+                "pays_off_up_to_devices": pays_off["devices"] if pays_off else None,
+                "examples_per_second_there": pays_off["examples_per_second"] if pays_off else None,
+                "step_seconds_there": pays_off["step_seconds"] if pays_off else None,
+                "first_timeout_devices": first_timeout,
+                "longest_wait_seconds_at_largest": series[-1]["longest_wait_seconds"],
+            }
+        )
+    return result
+
+
+def best_modes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per device count, the mode with most examples per second that does not time out."""
+    result = []
+    for devices in sorted({row["devices"] for row in rows}):
+        running = [row for row in rows if row["devices"] == devices and not row["times_out"]]
+        best = max(running, key=lambda row: row["examples_per_second"], default=None)
+        result.append(
+            {
+                "devices": devices,
+                "best_mode": best["mode"] if best else None,
+                "examples_per_second": best["examples_per_second"] if best else None,
+                "step_seconds": best["step_seconds"] if best else None,
+            }
+        )
+    return result
+
+
+def answer(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The largest device count that pays off in any mode, and the mode it needs."""
+    candidates = [row for row in crossovers(rows) if row["pays_off_up_to_devices"] is not None]
+    best = max(
+        candidates,
+        key=lambda row: (row["pays_off_up_to_devices"], row["examples_per_second_there"]),
+        default=None,
+    )
+    return {
+        "devices": best["pays_off_up_to_devices"] if best else None,
+        "mode": best["mode"] if best else None,
+        "step_seconds": best["step_seconds_there"] if best else None,
+        "examples_per_second": best["examples_per_second_there"] if best else None,
+    }

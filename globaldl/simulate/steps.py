@@ -1,0 +1,286 @@
+"""The reduced step model: training rounds composed from simulated message times, per device.
+
+Each round, every device computes under its CFS quota (`cpu.CfsQuota`); Horovod's background
+loop runs coordination cycles back to back, each cycle one chain of single messages (see
+`exchange`); the cycle that finds every device's tensors ready starts the collective, whose
+ring hops are composed from SimGrid's per-message times by the ring's data dependencies. The
+next round starts where the collective ends (or, with overlap, compute runs one round ahead).
+
+What makes 10,000 devices cheap (checked against the unreduced, message-by-message SimGrid
+simulation in `protocol` on small fleets): SimGrid simulates one hop of each phase (its
+independent messages reduced to one per class), the chain is a max-plus recurrence solved with
+cumulative maxima (O(N) per cycle), a ring costs O(N) per hop, and rounds are simulated only
+until the round time is steady (at most the requested steps).
+
+Gloo's timeout applies to each single wait for a message; the model records the longest wait
+of any rank, in the coordination chain or in a collective hop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from globaldl.simulate.collectives import chain_cycle, chain_sends, collective_of, sender_seconds
+from globaldl.simulate.cpu import CFS_PERIOD_SECONDS, CfsQuota
+from globaldl.simulate.exchange import (
+    ExchangeMode,
+    ExchangeParameters,
+    Hops,
+    collective_tx_bytes,
+)
+from globaldl.simulate.platform import Fleet
+
+# Ethernet frames carry 1448 TCP payload bytes in 1514; every second segment received is
+# acknowledged by a 66-byte frame (Linux delayed ACKs).
+FRAME_OVERHEAD = 1514 / 1448
+ACK_BYTES_PER_RECEIVED_BYTE = 66 / (2 * 1448)
+MIN_ROUNDS = 3
+QUOTA_PERIODS_MEASURED = 20
+STEADY_TOLERANCE = 0.02
+MAX_CYCLES_PER_ROUND = 200_000
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One exchange's payload and what each device computes around it."""
+
+    payload_bytes: float
+    cycle_time_seconds: float
+    compute_cpu_seconds: np.ndarray  # per device: CPU-seconds of one step's non-exchange phases
+
+    def __post_init__(self) -> None:
+        if not self.payload_bytes >= 0:
+            raise ValueError(f"payload_bytes must be >= 0, got {self.payload_bytes!r}")
+        if not self.cycle_time_seconds > 0:
+            raise ValueError(f"cycle_time_seconds must be > 0, got {self.cycle_time_seconds!r}")
+        if np.any(np.asarray(self.compute_cpu_seconds) < 0):
+            raise ValueError("compute_cpu_seconds must be >= 0")
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """A simulated training step (a round divided by its H steps), steady state."""
+
+    step_seconds: float
+    compute_seconds: float
+    coordination_seconds: float
+    collective_seconds: float
+    cycles_per_step: float
+    cpu_seconds_per_step: float
+    device_tx_bytes_per_step: float
+    max_device_tx_bytes_per_step: float
+    longest_wait_seconds: float
+    longest_wait_in: str
+    timed_out: bool
+    simulated_steps: int
+
+    @property
+    def exchange_seconds(self) -> float:
+        """Step time not spent computing (waiting for cycles, coordination, collective)."""
+        return max(self.step_seconds - self.compute_seconds, 0.0)
+
+    @property
+    def timeout_reason(self) -> str:
+        """Why the run would time out, or an empty string."""
+        if not self.timed_out:
+            return ""
+        return (
+            f"a rank waits {self.longest_wait_seconds:.1f} s for one message of the "
+            f"{self.longest_wait_in}, over Gloo's timeout"
+        )
+
+
+@dataclass
+class _Loops:
+    """The state of every rank's background loop and CPU between rounds."""
+
+    cpu: CfsQuota
+    loop_free: np.ndarray  # when each loop is free for a new cycle (after the last collective)
+    last_cycle: np.ndarray  # when each loop last started a cycle
+    longest_wait: float = 0.0
+    longest_wait_in: str = "coordination chain"
+
+    def note_wait(self, seconds: float, where: str) -> None:
+        """Keep the longest single wait for a message seen so far."""
+        if seconds > self.longest_wait:
+            self.longest_wait, self.longest_wait_in = seconds, where
+
+
+def _coordinate(
+    loops: _Loops,
+    compute_start: np.ndarray,
+    work: np.ndarray,
+    cycle_seconds: float,
+    chain: tuple[np.ndarray, np.ndarray],
+    cpu_per_cycle: np.ndarray,
+    message_cpu: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Run cycles until one finds every rank's tensors in: (ready, collective start, cycles).
+
+    The training thread computes between cycles and the loop's CPU is reserved at each cycle's
+    start, so both draw on the same quota in time order; a throttled device's loop waits.
+    """
+    cpu, ranks = loops.cpu, len(work)
+    chain_seconds, chain_jitter = chain
+    position, remaining = compute_start, work
+    ready = np.full(ranks, np.inf)
+    entry = np.maximum(loops.loop_free, loops.last_cycle + cycle_seconds)
+    cycles = 0
+    while True:
+        position, remaining = cpu.advance(position, remaining, entry)
+        ready = np.where(np.isinf(ready) & (remaining <= 0), position, ready)
+        entry = cpu.available_at(entry)
+        started = cpu.run(entry, cpu_per_cycle)
+        hop = chain_seconds
+        if np.any(chain_jitter > 0):
+            hop = np.maximum(hop + rng.uniform(-1.0, 1.0, ranks) * chain_jitter, 0.0)
+        done, wait = chain_cycle(started, hop, message_cpu)
+        loops.note_wait(wait, "coordination chain")
+        cycles += 1
+        if np.all(ready <= entry) or cycles >= MAX_CYCLES_PER_ROUND:
+            loops.last_cycle = entry
+            return ready, done, cycles
+        entry = np.maximum(done, entry + cycle_seconds)
+
+
+def simulate_steps(
+    fleet: Fleet,
+    mode: ExchangeMode,
+    workload: Workload,
+    parameters: ExchangeParameters,
+    network: dict[str, Hops],
+    max_steps: int = 100,
+) -> StepEstimate:
+    """Simulate training rounds until the round time is steady (at most `max_steps` steps)."""
+    ranks = fleet.size
+    local_steps = mode.local_steps
+    speeds = np.array([device.speed for device in fleet.devices])
+    rng = np.random.default_rng(parameters.jitter_seed)
+    cpu = CfsQuota(
+        np.array([device.cpu_cores for device in fleet.devices]),
+        rng.uniform(0.0, CFS_PERIOD_SECONDS, ranks),
+    )
+    work = np.asarray(workload.compute_cpu_seconds, float) / speeds * local_steps
+    max_rounds = max(MIN_ROUNDS, math.ceil(max_steps / local_steps))
+    if ranks < 2:
+        return _single_device(cpu, work, local_steps, max_rounds)
+    message_cpu = parameters.message_cpu_seconds / speeds
+    cpu_per_cycle = (
+        parameters.cycle_cpu_seconds + chain_sends(ranks) * parameters.message_cpu_seconds
+    ) / speeds
+    chain = sender_seconds(ranks, network["chain"])
+    collective = collective_of(fleet, mode, network)
+    loops = _Loops(cpu, np.zeros(ranks), np.full(ranks, -np.inf))
+    quota_bound = bool(np.any(cpu.cores < 1.0))
+    min_measured = QUOTA_PERIODS_MEASURED * CFS_PERIOD_SECONDS if quota_bound else 0.0
+    compute_end = previous_end = older_end = np.zeros(ranks)
+    durations, parts = [], []
+    for _ in range(max_rounds):
+        compute_start = np.maximum(compute_end, older_end) if mode.overlap else previous_end
+        ready, started, cycles = _coordinate(
+            loops,
+            compute_start,
+            work,
+            workload.cycle_time_seconds,
+            chain,
+            cpu_per_cycle,
+            message_cpu,
+            rng,
+        )
+        compute_end = ready
+        # The collective's messages draw on the quota too (their time is in the ring's hops).
+        # They are charged at its start, at most one period's quota: a long collective spreads
+        # them thinly over many periods, where they throttle nothing.
+        quota = cpu.cores * CFS_PERIOD_SECONDS
+        cpu.run(started, np.minimum(collective.messages() * message_cpu, quota))
+        finish, wait = collective.finish(started, message_cpu, rng)
+        loops.note_wait(wait, "collective")
+        loops.loop_free = finish
+        durations.append(float(finish[0] - previous_end[0]))
+        comm_cpu = cycles * cpu_per_cycle + collective.messages() * message_cpu
+        parts.append(
+            (
+                float(ready[0] - compute_start[0]),
+                float(started[0] - max(ready[0], compute_start[0])),
+                float(finish[0] - started[0]),
+                cycles,
+                float(np.mean(work + comm_cpu)),
+            )
+        )
+        older_end, previous_end = previous_end, finish
+        if _steady(durations, min_measured):
+            break
+    # The first round starts cold (every loop idle at time zero): leave it out when possible.
+    measured = slice(1, None) if len(durations) > 1 else slice(None)
+    compute, coordination, collective_seconds, cycles, cpu_seconds = np.mean(
+        parts[measured], axis=0
+    )
+    tx = collective_tx_bytes(fleet, mode, workload.payload_bytes)
+    wire = tx * (FRAME_OVERHEAD + ACK_BYTES_PER_RECEIVED_BYTE)
+    wire = wire + parameters.coordination_bytes_per_cycle * cycles
+    return StepEstimate(
+        step_seconds=float(np.mean(durations[measured])) / local_steps,
+        compute_seconds=float(compute) / local_steps,
+        coordination_seconds=max(float(coordination), 0.0) / local_steps,
+        collective_seconds=float(collective_seconds) / local_steps,
+        cycles_per_step=float(cycles) / local_steps,
+        cpu_seconds_per_step=float(cpu_seconds) / local_steps,
+        device_tx_bytes_per_step=float(wire.mean()) / local_steps,
+        max_device_tx_bytes_per_step=float(wire.max()) / local_steps,
+        longest_wait_seconds=float(loops.longest_wait),
+        longest_wait_in=loops.longest_wait_in,
+        timed_out=bool(loops.longest_wait > parameters.gloo_timeout_seconds),
+        simulated_steps=len(durations) * local_steps,
+    )
+
+
+def _steady(durations: list[float], min_measured_seconds: float = 0.0) -> bool:
+    """Whether the mean round time is known well enough to stop simulating rounds.
+
+    The first round is left out (it starts cold). Steady when the last measured rounds (two, or
+    three once there are three) agree within STEADY_TOLERANCE, or, for rounds that keep varying
+    (quota periods and jitter beat against the round), when the mean's standard error is within
+    STEADY_TOLERANCE. Under a CPU quota the measured rounds must also span
+    `min_measured_seconds` (QUOTA_PERIODS_MEASURED periods): rounds that fit a period's quota
+    a few times can still overrun the quota's average rate.
+    """
+    measured = np.array(durations[1:])
+    if len(measured) < MIN_ROUNDS - 1 or measured.sum() < min_measured_seconds:
+        return False
+    last = measured[-3:]
+    if np.ptp(last) <= STEADY_TOLERANCE * last.mean():
+        return True
+    spread = measured.std(ddof=1) / math.sqrt(len(measured))
+    return len(measured) >= 8 and bool(spread <= STEADY_TOLERANCE * measured.mean())
+
+
+def _single_device(
+    cpu: CfsQuota, work: np.ndarray, local_steps: int, max_rounds: int
+) -> StepEstimate:
+    """One device: no exchange, only compute under its quota."""
+    ends, durations = np.zeros(1), []
+    for _ in range(max_rounds):
+        finished = cpu.run(ends, work)
+        durations.append(float(finished[0] - ends[0]))
+        ends = finished
+        if _steady(durations, QUOTA_PERIODS_MEASURED * CFS_PERIOD_SECONDS):
+            break
+    step = float(np.mean(durations[1:] if len(durations) > 1 else durations)) / local_steps
+    return StepEstimate(
+        step_seconds=step,
+        compute_seconds=step,
+        coordination_seconds=0.0,
+        collective_seconds=0.0,
+        cycles_per_step=0.0,
+        cpu_seconds_per_step=float(work[0]) / local_steps,
+        device_tx_bytes_per_step=0.0,
+        max_device_tx_bytes_per_step=0.0,
+        longest_wait_seconds=0.0,
+        longest_wait_in="",
+        timed_out=False,
+        simulated_steps=len(durations) * local_steps,
+    )

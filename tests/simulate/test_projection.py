@@ -1,0 +1,105 @@
+"""Projection outputs: tables, plots, crossovers and the README section they regenerate."""
+
+import json
+
+import pytest
+
+from globaldl.simulate.fleetdata import load_observations
+from globaldl.simulate.outputs import (
+    DEFAULT_OUT_DIR,
+    PARAMETERS_FILE,
+    README_BEGIN,
+    README_END,
+    calibration_summary,
+    projection_documents,
+    read_parameters,
+    readme_section,
+    refresh_readme,
+    write_projection,
+)
+from globaldl.simulate.platform import default_profiles, parse_mix_shares
+from globaldl.simulate.projection import ProjectionRequest, answer, crossovers, project
+
+
+def _row(devices, mode, examples_per_second, times_out=False):
+    return {
+        "devices": devices,
+        "mode": mode,
+        "examples_per_second": examples_per_second,
+        "step_seconds": devices / examples_per_second,
+        "times_out": times_out,
+        "longest_wait_seconds": devices / 10,
+    }
+
+
+def test_a_mode_pays_off_while_it_gains_ten_percent_and_does_not_time_out():
+    rows = [
+        _row(10, "dense", 100.0),
+        _row(100, "dense", 150.0),
+        _row(1000, "dense", 155.0),
+        _row(10, "local", 100.0),
+        _row(100, "local", 900.0),
+        _row(1000, "local", 5000.0, times_out=True),
+    ]
+    by_mode = {row["mode"]: row for row in crossovers(rows)}
+    assert by_mode["dense"]["pays_off_up_to_devices"] == 100
+    assert by_mode["local"]["pays_off_up_to_devices"] == 100
+    assert by_mode["local"]["first_timeout_devices"] == 1000
+    assert answer(rows)["mode"] == "local"
+
+
+def test_a_small_projection_writes_its_tables_plot_and_readme_section(tmp_path):
+    profiles = default_profiles()
+    request = ProjectionRequest(
+        devices=(2, 8),
+        mix=parse_mix_shares("lte:100"),
+        model="lenet",
+        steps=12,
+        modes=("dense", "gather"),
+    )
+    parameters_path = DEFAULT_OUT_DIR / PARAMETERS_FILE
+    rows = project(request, load_observations(), read_parameters(parameters_path), profiles)
+    assert [(row["devices"], row["mode"]) for row in rows] == [
+        (2, "dense"),
+        (2, "gather"),
+        (8, "dense"),
+        (8, "gather"),
+    ]
+    assert all(row["step_seconds"] > 0 and row["device_tx_bytes_per_step"] > 0 for row in rows)
+    # A ring of 8 LTE devices moves the dense gradients further than a ring of 2.
+    assert rows[2]["step_seconds"] > rows[0]["step_seconds"]
+    header = {
+        "title": "test",
+        "command": "test",
+        "parameters_file": PARAMETERS_FILE,
+        "calibration": calibration_summary(json.loads(parameters_path.read_text())),
+        "simulation_seconds": 1.0,
+        "request": {"devices": [2, 8], "mix": "lte:100", "model": "lenet", "cpu_cores": 0.5}
+        | {"gloo_timeout_seconds": 30.0},
+    }
+    write_projection(tmp_path, "lte", rows, header)
+    for suffix in (".json", ".csv", ".md", ".png"):
+        assert (tmp_path / f"lte{suffix}").stat().st_size > 0
+    [document] = projection_documents(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{README_BEGIN}\nold\n{README_END}\n\nrest\n")
+    assert refresh_readme(readme, readme_section([document], "results/projection"))
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("rest\n")
+    found = document["answer"]
+    assert f"| lte:100 | {found['devices'] or 'none of the projected counts'} |" in text
+    assert "results/projection/lte.md" in text
+
+
+def test_a_readme_without_markers_is_left_alone(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    assert not refresh_readme(readme, "section")
+    assert readme.read_text() == "# no markers\n"
+
+
+def test_bad_projection_requests_name_the_value():
+    with pytest.raises(ValueError, match="devices"):
+        ProjectionRequest(devices=(0,), mix=parse_mix_shares("lte:100"), model="lenet")
+    with pytest.raises(ValueError, match="lte-x"):
+        parse_mix_shares("lte-x")

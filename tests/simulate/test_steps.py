@@ -1,0 +1,145 @@
+"""The reduced step model: Gloo's coordination chain, ring hops, local steps, timeouts."""
+
+import numpy as np
+import pytest
+
+from globaldl.fleet.profiles import LinkProfile
+from globaldl.simulate.collectives import RingStage, chain_cycle, chain_sends, ring_finish
+from globaldl.simulate.exchange import ExchangeMode, ExchangeParameters, Hops
+from globaldl.simulate.platform import uniform_fleet
+from globaldl.simulate.steps import Workload, simulate_steps
+from globaldl.simulate.topology import Phase
+
+RNG = np.random.default_rng(0)
+
+
+def _ring(ranks, transfer=0.0, latency=0.1, jitter=0.0):
+    upstream = np.roll(np.arange(ranks), -1)
+    return RingStage(
+        upstream,
+        np.full(ranks, transfer),
+        np.full(ranks, latency),
+        np.full(ranks, jitter),
+        np.full(ranks, 2 * (ranks - 1)),
+    )
+
+
+def test_the_coordination_word_crosses_the_ring_twice_one_message_at_a_time():
+    # Gloo fills one of 2N segments with an 8-byte word: 2(N-1) single messages in a row.
+    ranks, hop = 10, 0.065
+    done, longest_wait = chain_cycle(np.zeros(ranks), np.full(ranks, hop), np.zeros(ranks))
+    assert done.max() == pytest.approx(2 * (ranks - 1) * hop)
+    # The longest single wait is about N hops (rank N-1 waits for the word to come round),
+    # not the whole chain: this, not 2(N-1) hops, is what meets Gloo's timeout.
+    assert longest_wait == pytest.approx(ranks * hop)
+    assert chain_sends(ranks).sum() == 2 * (ranks - 1)
+
+
+def test_a_rank_entering_late_holds_the_chain_up():
+    entry = np.zeros(4)
+    entry[2] = 1.0
+    done, _ = chain_cycle(entry, np.full(4, 0.1), np.zeros(4))
+    # Reduce-scatter runs 3 -> 2 -> 1 -> 0: rank 2 forwards at 1.0, rank 0 has it at 1.2.
+    assert done[0] == pytest.approx(1.2)
+    assert done[1] == pytest.approx(1.2 + 3 * 0.1)
+
+
+def test_ring_of_equal_hops_takes_hops_times_one_hop():
+    finish, longest = ring_finish(np.zeros(4), _ring(4), np.zeros(4), RNG)
+    np.testing.assert_allclose(finish, 6 * 0.1)
+    assert longest == pytest.approx(0.1)
+
+
+def test_one_slow_uplink_sets_the_pace_of_the_whole_ring():
+    # Rank 3's uplink takes 0.5 s per message: every one of its six messages waits for the last.
+    stage = _ring(4, latency=0.0)
+    slow = RingStage(
+        stage.upstream,
+        np.array([0.1, 0.1, 0.5, 0.1]),  # what rank 2 receives comes from rank 3
+        stage.incoming_latency_seconds,
+        stage.incoming_jitter_seconds,
+        stage.hops,
+    )
+    finish, _ = ring_finish(np.zeros(4), slow, np.zeros(4), RNG)
+    assert finish.max() == pytest.approx(6 * 0.5)
+
+
+def test_one_long_latency_is_paid_once_per_lap_not_once_per_hop():
+    # Latency does not hold the sender: the slow hop is on the critical path twice in 6 hops.
+    stage = _ring(4)
+    slow = RingStage(
+        stage.upstream,
+        stage.incoming_transfer_seconds,
+        np.array([0.1, 0.1, 0.5, 0.1]),
+        stage.incoming_jitter_seconds,
+        stage.hops,
+    )
+    finish, _ = ring_finish(np.zeros(4), slow, np.zeros(4), RNG)
+    assert finish.max() == pytest.approx(2 * 0.5 + 4 * 0.1)
+
+
+def test_a_neighbour_running_ahead_queues_its_bytes_behind_its_last_message():
+    # Rank 1 starts 1 s early; its messages still leave one transfer time apart.
+    stage = RingStage(
+        np.array([1, 0]), np.array([0.2, 0.2]), np.zeros(2), np.zeros(2), np.array([2, 2])
+    )
+    finish, _ = ring_finish(np.array([1.0, 0.0]), stage, np.zeros(2), RNG)
+    assert finish[0] == pytest.approx(1.0 + 0.2 + 0.2)
+
+
+def _estimate(mode, ranks=4, latency=0.1, compute=0.05, timeout=30.0, cores=1.0):
+    fleet = uniform_fleet(LinkProfile("test", 5000, 17500), ranks)
+    fleet = type(fleet)(tuple(type(d)(d.profile, cpu_cores=cores) for d in fleet.devices))
+    order = list(range(ranks))
+    phase = Phase.of(order, order[-1:] + order[:-1], [1000] * ranks)
+    hops = Hops(phase, np.zeros(ranks), np.full(ranks, latency), np.zeros(ranks))
+    network = {"chain": hops, "ring": hops}
+    workload = Workload(240_000, 0.005, np.full(ranks, compute))
+    parameters = ExchangeParameters(gloo_timeout_seconds=timeout)
+    return simulate_steps(fleet, mode, workload, parameters, network, max_steps=40)
+
+
+def test_a_step_is_the_cycle_that_missed_the_tensors_the_one_that_sees_them_and_the_ring():
+    estimate = _estimate(ExchangeMode("dense"))
+    # Right after a collective every rank starts a cycle without its tensors (50 ms compute);
+    # rank N-1 leaves it after N hops and starts the next, which sees every rank: 2(N-1) hops
+    # later rank 1 has the result; then the ring's 2(N-1) hops. N = 4, 0.1 s per hop.
+    assert estimate.step_seconds == pytest.approx((4 + 6 + 6) * 0.1, rel=0.01)
+    assert estimate.cycles_per_step == pytest.approx(2.0)
+    assert not estimate.timed_out
+
+
+def test_local_steps_with_overlap_hide_the_exchange_behind_compute():
+    plain = _estimate(ExchangeMode("local", local_steps=8), compute=0.2)
+    overlapped = _estimate(ExchangeMode("local", local_steps=8, overlap=True), compute=0.2)
+    assert overlapped.step_seconds < plain.step_seconds
+    # With overlap a round costs the longer of its compute (8 x 0.2 s) and its exchange.
+    assert overlapped.step_seconds == pytest.approx(
+        max(1.6, plain.step_seconds * 8 - 1.6) / 8, rel=0.1
+    )
+
+
+def test_a_quarter_core_computes_within_its_quota_at_full_speed_and_beyond_it_throttled():
+    within = _estimate(ExchangeMode("dense"), compute=0.02, cores=0.25)
+    beyond = _estimate(ExchangeMode("dense"), compute=0.05, cores=0.25)
+    # 20 ms fit the 25 ms quota of a 100 ms period: no slower than on a whole core (a fluid
+    # quarter core would take 80 ms). 50 ms do not: the rest waits for the next period.
+    assert within.compute_seconds == pytest.approx(0.02, rel=0.05)
+    assert beyond.compute_seconds > 1.5 * 0.05
+
+
+def test_a_wait_longer_than_gloos_timeout_is_reported():
+    estimate = _estimate(ExchangeMode("dense"), ranks=40, latency=1.0)
+    assert estimate.timed_out
+    assert "coordination" in estimate.timeout_reason
+    assert estimate.longest_wait_seconds == pytest.approx(40.0, rel=0.05)
+    assert not _estimate(ExchangeMode("dense"), ranks=20, latency=1.0).timed_out
+
+
+def test_bad_modes_are_refused_with_the_value():
+    with pytest.raises(ValueError, match="combine"):
+        ExchangeMode("x", combine="scatter")
+    with pytest.raises(ValueError, match="summable"):
+        ExchangeMode("x", combine="gather", hierarchy="sites")
+    with pytest.raises(ValueError, match="cycle_time_seconds"):
+        Workload(1.0, 0.0, np.zeros(2))
