@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,9 @@ def test_shared_topk_intsum_runs_one_allreduce_per_step_to_identical_weights(
         worker_env,
         ranks=2,
     )
-    assert result["exchange"] == {"combine": "sum", "collectives_per_step": 1, "hierarchy": "none"}
+    exchange = dict(result["exchange"])
+    assert time.time() - 3600 < exchange.pop("horovod_started_unix_seconds") <= time.time()
+    assert exchange == {"combine": "sum", "collectives_per_step": 1, "hierarchy": "none"}
     assert result["weights_identical"], result["weight_digests"]
     traffic = result["traffic"]
     # a ring allreduce of P bytes sends 2 (N - 1) / N P per device (P on two ranks)
