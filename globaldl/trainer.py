@@ -26,6 +26,11 @@ from globaldl import checkpoint, summary
 from globaldl.balance import gradient_weight, split_batch
 from globaldl.compression import CompressionConfig, GradientCompressor
 from globaldl.exchange import Exchange
+from globaldl.local_sgd import outer as outer_optimizers
+from globaldl.local_sgd.engine import RoundEngine
+from globaldl.local_sgd.local_step import build_local_step
+from globaldl.local_sgd.report import rounds_summary
+from globaldl.local_sgd.schedule import outer_momentum
 from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.pipelines import InputPipeline, make_pipeline
@@ -158,13 +163,51 @@ class Trainer:
         self.optimizer.build(self.variables)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        # Rounds of local steps (--sync-every > 1); None is the per-step exchange.
+        self.rounds = None if settings.sync_interval.per_step else self._make_rounds()
+        shared: dict[str, Any] = {"rounds": self.rounds.checkpoint()} if self.rounds else {}
         self.shared_state = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, step=self.step, epoch=self.epoch
+            model=self.model, optimizer=self.optimizer, step=self.step, epoch=self.epoch, **shared
         )
         self.local_state = tf.train.Checkpoint(
-            **{f"compressor_{index}": v for index, v in enumerate(self.compressor.state_variables)}
+            **{f"compressor_{index}": v for index, v in enumerate(self.compressor.state_variables)},
+            **{f"local_{index}": v for index, v in enumerate(self.own_round_variables())},
         )
         self._train_step = self._build_train_step()
+
+    def _make_rounds(self) -> RoundEngine:
+        settings = self.settings
+        outer = outer_optimizers.get(
+            {
+                "class_name": settings.outer_optimizer,
+                "config": {
+                    "learning_rate": settings.outer_lr,
+                    "momentum": outer_momentum(settings.outer_optimizer, settings.outer_momentum),
+                },
+            }
+        )
+        return RoundEngine(
+            interval=settings.sync_interval,
+            overlap=settings.overlap,
+            outer=outer,
+            model=self.model,
+            variables=self.variables,
+            optimizer=self.optimizer,
+            optimizer_variables=optimizer_variables(self.optimizer),
+            compressor=self.compressor,
+            exchange=self.exchange,
+            num_ranks=self.size,
+            batch_size=self.batch_size,
+            global_batch_size=self.global_batch_size,
+            sample_weight=gradient_weight(self.rank_batch_sizes, self.rank),
+            nominal_batch_size=settings.batch_size,
+        )
+
+    def own_round_variables(self) -> list[tf.Variable]:
+        """In rounds, what differs between devices inside a round: weights, inner optimizer."""
+        if self.rounds is None:
+            return []
+        return [*self.model.variables, *optimizer_variables(self.optimizer)]
 
     # ----------------------------------------------------------------- input and balance
     def _make_pipeline(self, rank_batch_sizes: tuple[int, ...] | None) -> InputPipeline:
@@ -229,7 +272,10 @@ class Trainer:
 
     # ----------------------------------------------------------------- the step
     def _build_train_step(self) -> Callable[[Any], tf.Tensor]:
-        return build_train_step(
+        # In rounds, the sample weight applies to the round's delta, not to every gradient.
+        weight = gradient_weight(self.rank_batch_sizes, self.rank) if self.rounds is None else 1.0
+        build = build_train_step if self.rounds is None else build_local_step
+        return build(
             StepParts(
                 model=self.model,
                 variables=self.variables,
@@ -240,7 +286,7 @@ class Trainer:
                 step=self.step,
                 num_ranks=self.size,
                 rank=self.rank,
-                gradient_weight=gradient_weight(self.rank_batch_sizes, self.rank),
+                gradient_weight=weight,
                 inject_nan_step=self.settings.inject_nan_step,
                 inject_nan_rank=self.settings.inject_nan_rank,
             ),
@@ -267,29 +313,44 @@ class Trainer:
             *optimizer_variables(self.optimizer),
             self.step,
             self.epoch,
+            *(self.rounds.shared_variables() if self.rounds else []),
         ]
         self.exchange.broadcast_variables(shared, root_rank=0)
 
-    def _restore(self) -> int:
-        """Load the newest good checkpoint on rank 0 and broadcast it; return its epoch."""
+    def _start(self) -> int:
+        """Every rank takes rank 0's state: fresh, or the newest good checkpoint's (--resume).
+
+        The shared part comes from rank 0 (restored there, then broadcast); each rank's own
+        part (compression residuals; in rounds, its weights and inner optimizer) from its own
+        checkpoint, after the broadcast. Returns the epoch to continue from.
+        """
         directory = self.settings.checkpoint_dir
-        assert directory is not None
-        found = checkpoint.latest_good(directory) if self.rank == 0 else None
-        epoch = -1 if found is None else found[0]
-        if self.rank == 0 and epoch >= 0:
-            checkpoint.restore(directory, epoch, self.shared_state)
-        epoch = int(self.exchange.broadcast_value(tf.constant(epoch, tf.int64), "resume_epoch"))
-        if epoch < 0:
-            if self.rank == 0:
+        epoch = -1
+        if self.settings.resume:
+            assert directory is not None
+            found = checkpoint.latest_good(directory) if self.rank == 0 else None
+            epoch = -1 if found is None else found[0]
+            if self.rank == 0 and epoch >= 0:
+                checkpoint.restore(directory, epoch, self.shared_state)
+            epoch = int(self.exchange.broadcast_value(tf.constant(epoch, tf.int64), "resume_epoch"))
+            if epoch < 0 and self.rank == 0:
                 log.warning("no usable checkpoint in %s; starting from scratch", directory)
+        self._broadcast_shared_state()
+        if epoch < 0:
+            if self.rounds is not None:
+                self.rounds.start()
             return 0
-        local_dir = checkpoint.rank_dir(directory, self.rank)
+        assert directory is not None
+        own_state_found = True
         try:
-            checkpoint.restore(local_dir, epoch, self.local_state)
+            checkpoint.restore(checkpoint.rank_dir(directory, self.rank), epoch, self.local_state)
         except checkpoint.CheckpointError as error:
             # A device that never held this rank (or lost its disk) starts its residuals at
             # zero: what it had not yet sent is lost, which error feedback tolerates.
-            log.warning("rank %d: %s; its compression state starts empty", self.rank, error)
+            log.warning("rank %d: %s; its own state starts afresh", self.rank, error)
+            own_state_found = False
+        if self.rounds is not None:
+            self.rounds.after_restore(int(self.step.numpy()), own_state_found)
         return epoch
 
     def _save(self, epoch: int) -> None:
@@ -297,7 +358,7 @@ class Trainer:
         assert directory is not None
         self.epoch.assign(epoch)
         metadata = {"step": int(self.step.numpy()), "ranks": self.size}
-        if self.compressor.state_variables:
+        if self.compressor.state_variables or self.rounds is not None:
             checkpoint.save(
                 checkpoint.rank_dir(directory, self.rank), epoch, self.local_state, metadata
             )
@@ -306,6 +367,13 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def _validate(self) -> tuple[float, float, float]:
+        if self.rounds is not None:
+            # In rounds the model of record is the global one, identical on every device.
+            with self.rounds.global_weights():
+                return self._validate_model()
+        return self._validate_model()
+
+    def _validate_model(self) -> tuple[float, float, float]:
         totals = tf.zeros([3], tf.float64)
         for images, labels in self.pipeline.validation_batches():
             totals += self._validation_step(images, labels)
@@ -315,8 +383,11 @@ class Trainer:
         """Train for the configured epochs; return the run summary (rank 0's view)."""
         settings = self.settings
         started = time.perf_counter()
-        first_epoch = self._restore() if settings.resume else 0
-        self._broadcast_shared_state()
+        first_epoch = self._start()
+        if self.rounds is not None:
+            from globaldl.local_sgd.loop import fit_in_rounds
+
+            return fit_in_rounds(self, observer, first_epoch, started)
         totals = RunTotals()
         history: list[dict[str, Any]] = []
         last = EpochResult(first_epoch, float("nan"), 0.0, float("nan"), 0.0, 0.0, 0.0)
@@ -377,9 +448,16 @@ class Trainer:
         `steps` is the number of steps this process ran in the epoch (all of them, or the
         part after an elastic restart), for the throughput.
         """
+        if self.rounds is not None:
+            self.rounds.drain(observer, totals)  # validation sees every finished round
         train_seconds = time.perf_counter() - epoch_started
         train_sum = self.exchange.sum_across_ranks(tf.constant(epoch_totals), "train_totals")
         train_sum = train_sum.numpy()
+        # The checkpoint before the last round end: a resumed run continues mid-round.
+        if self.settings.checkpoint_dir is not None:
+            self._save(epoch + 1)
+        if self.rounds is not None and epoch + 1 == self.settings.epochs:
+            self.rounds.finish(observer, totals)
         val_loss_sum, val_correct, val_count = self._validate()
         result = EpochResult(
             epoch=epoch + 1,
@@ -391,8 +469,6 @@ class Trainer:
             examples_per_second=(steps * self.global_batch_size / max(train_seconds, 1e-9)),
         )
         observer.observe_epoch(result.epoch, result.val_loss, result.val_accuracy)
-        if self.settings.checkpoint_dir is not None:
-            self._save(result.epoch)
         if self.rank == 0:
             self._print_progress(result, totals)
         return result
@@ -478,6 +554,17 @@ class Trainer:
                 totals.gradient_bytes_raw, totals.gradient_bytes_wire
             ),
             "compression": settings.compression_settings(),
+            "rounds": rounds_summary(
+                sync_every=settings.sync_interval,
+                phase_seconds=totals.phase_seconds,
+                steps=totals.steps,
+                skipped_steps=totals.skipped_steps,
+                examples=totals.steps * self.batch_size,
+                gradient_bytes_wire=totals.gradient_bytes_wire,
+                raw_bytes_per_step=self.compressor.raw_bytes_per_step,
+                batch_size=self.batch_size,
+                engine_fields=self.rounds.summary() if self.rounds else None,
+            ),
             "resumed_from_epoch": first_epoch if settings.resume else None,
             "devices": devices,
             "weight_digests": digests,

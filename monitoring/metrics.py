@@ -105,6 +105,19 @@ class TrainingMetrics:
             LABEL_NAMES,
             registry=registry,
         ).labels(*labels)
+        self._rounds = Counter(
+            "globaldl_rounds_total",
+            "Rounds of local steps whose model-delta exchange completed (--sync-every > 1), "
+            "skipped ones included.",
+            LABEL_NAMES,
+            registry=registry,
+        ).labels(*labels)
+        self._skipped_rounds = Counter(
+            "globaldl_skipped_rounds_total",
+            "Rounds skipped on every rank because some rank's model delta was not finite.",
+            LABEL_NAMES,
+            registry=registry,
+        ).labels(*labels)
         self._examples = Counter(
             "globaldl_examples_total",
             "Training examples processed by this rank.",
@@ -197,6 +210,32 @@ class TrainingMetrics:
             self._last_step_time_child = self._last_step_time.labels(*self.label_values)
         self._loss_child.set(float(loss))
         self._last_step_time_child.set(time.time())
+
+    def observe_round(
+        self,
+        phase_seconds: Mapping[str, float],
+        gradient_bytes_raw: int,
+        gradient_bytes_wire: int,
+        rounds: int = 1,
+        skipped: bool = False,
+    ) -> None:
+        """Record a round's end: the loop's seconds in the sync phases and the round's bytes.
+
+        The seconds go into the same phase histogram as the steps' (so phase shares count the
+        sync against the local compute); no step and no examples are added.
+        """
+        seconds = check_phase_seconds(phase_seconds)
+        _check_count("rounds", rounds)
+        _check_count("gradient_bytes_raw", gradient_bytes_raw)
+        _check_count("gradient_bytes_wire", gradient_bytes_wire)
+        for phase, phase_seconds_value in seconds.items():
+            if phase_seconds_value > 0:
+                self._phase_seconds[phase].observe(phase_seconds_value)
+        self._rounds.inc(rounds)
+        if skipped:
+            self._skipped_rounds.inc()
+        self._gradient_bytes_raw.inc(gradient_bytes_raw)
+        self._gradient_bytes_wire.inc(gradient_bytes_wire)
 
     def observe_epoch(self, epoch: int, val_loss: float, val_accuracy: float) -> None:
         """Record the validation that closed `epoch` (accuracy between 0 and 1)."""
