@@ -30,6 +30,7 @@ from globaldl.local_sgd import outer as outer_optimizers
 from globaldl.local_sgd.engine import RoundEngine
 from globaldl.local_sgd.local_step import build_local_step
 from globaldl.local_sgd.report import rounds_summary
+from globaldl.local_sgd.round_graph import RoundGraph
 from globaldl.local_sgd.schedule import outer_momentum
 from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
@@ -164,7 +165,9 @@ class Trainer:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         # Rounds of local steps (--sync-every > 1); None is the per-step exchange.
-        self.rounds = None if settings.sync_interval.per_step else self._make_rounds()
+        self.rounds: RoundEngine | None = None
+        if not settings.sync_interval.per_step:
+            self.rounds = self._make_rounds()
         shared: dict[str, Any] = {"rounds": self.rounds.checkpoint()} if self.rounds else {}
         self.shared_state = tf.train.Checkpoint(
             model=self.model, optimizer=self.optimizer, step=self.step, epoch=self.epoch, **shared
@@ -186,17 +189,21 @@ class Trainer:
                 },
             }
         )
-        return RoundEngine(
-            interval=settings.sync_interval,
-            overlap=settings.overlap,
-            outer=outer,
+        graph = RoundGraph(
             model=self.model,
             variables=self.variables,
-            optimizer=self.optimizer,
             optimizer_variables=optimizer_variables(self.optimizer),
+            outer=outer,
             compressor=self.compressor,
             exchange=self.exchange,
             num_ranks=self.size,
+            rescale_by_samples=settings.sync_interval.by_time,
+            nominal_batch_size=settings.batch_size,
+        )
+        return RoundEngine(
+            graph,
+            interval=settings.sync_interval,
+            overlap=settings.overlap,
             batch_size=self.batch_size,
             global_batch_size=self.global_batch_size,
             sample_weight=gradient_weight(self.rank_batch_sizes, self.rank),

@@ -86,6 +86,8 @@ class TrainingMetrics:
             registry=registry,
         )
         self._phase_seconds = {phase: phase_seconds.labels(*labels, phase) for phase in PHASES}
+        # A round end's seconds, reported with the step that follows it (see observe_round).
+        self._round_seconds = dict.fromkeys(PHASES, 0.0)
         self._step_seconds = Histogram(
             "globaldl_step_seconds",
             "Seconds of one training step: the sum of its phases.",
@@ -193,6 +195,9 @@ class TrainingMetrics:
         Raises ValueError naming an unknown phase, a negative duration or a negative count.
         """
         seconds = check_phase_seconds(phase_seconds)
+        for phase, round_seconds in self._round_seconds.items():
+            seconds[phase] += round_seconds
+        self._round_seconds = dict.fromkeys(PHASES, 0.0)
         _check_count("examples", examples)
         _check_count("gradient_bytes_raw", gradient_bytes_raw)
         _check_count("gradient_bytes_wire", gradient_bytes_wire)
@@ -221,16 +226,16 @@ class TrainingMetrics:
     ) -> None:
         """Record a round's end: the loop's seconds in the sync phases and the round's bytes.
 
-        The seconds go into the same phase histogram as the steps' (so phase shares count the
-        sync against the local compute); no step and no examples are added.
+        The seconds are added to the next step's observation (that step waited for them), so
+        the phase histograms keep one observation per step and their sums count the sync
+        against the local compute; an epoch's end flushes what no step followed.
         """
         seconds = check_phase_seconds(phase_seconds)
         _check_count("rounds", rounds)
         _check_count("gradient_bytes_raw", gradient_bytes_raw)
         _check_count("gradient_bytes_wire", gradient_bytes_wire)
         for phase, phase_seconds_value in seconds.items():
-            if phase_seconds_value > 0:
-                self._phase_seconds[phase].observe(phase_seconds_value)
+            self._round_seconds[phase] += phase_seconds_value
         self._rounds.inc(rounds)
         if skipped:
             self._skipped_rounds.inc()
@@ -242,6 +247,10 @@ class TrainingMetrics:
         _check_count("epoch", epoch)
         if not math.isnan(val_accuracy) and not 0.0 <= val_accuracy <= 1.0:
             raise ValueError(f"val_accuracy is {val_accuracy!r}; expected a value from 0 to 1")
+        if any(self._round_seconds.values()):
+            for phase, round_seconds in self._round_seconds.items():
+                self._phase_seconds[phase].observe(round_seconds)
+            self._round_seconds = dict.fromkeys(PHASES, 0.0)
         self._epoch.set(epoch)
         self._validation_loss.labels(*self.label_values).set(float(val_loss))
         self._validation_accuracy.labels(*self.label_values).set(float(val_accuracy))

@@ -69,7 +69,7 @@ def fit_in_rounds(
             synced = engine.after_step(observer, totals)
             if by_time:
                 # Every device learns the same totals at the same round end: all stop together.
-                if synced and float(engine.samples.numpy()) >= (epoch + 1) * epoch_examples:
+                if synced and engine.samples_exchanged >= (epoch + 1) * epoch_examples:
                     break
             elif steps == trainer.steps_per_epoch:
                 break

@@ -68,12 +68,10 @@ class RoundLedger:
 
 @dataclass
 class PendingRound:
-    """A round whose exchange runs in the background, and what its device contributed."""
+    """A round whose exchange runs in the background."""
 
     index: int
     future: Future[Any]
-    own_delta: list[Any]  # this device's unweighted round delta, kept on its weights meanwhile
-    own_finite: Any  # whether that delta was finite (a device that was not restarts its round)
 
 
 class _BackgroundThread:
