@@ -458,6 +458,41 @@ def balance(
     raise typer.Exit(code=_exit_code([report]))
 
 
+@app.command()
+def rounds(
+    quick: Quick = False,
+    profile: Annotated[
+        str, typer.Option(help="The slow link: 5 Mbit/s up, 20 down, 50 ms one way.")
+    ] = "custom:5:20:50",
+    cycle_time_ms: CycleTime = "auto",
+    out: Out = None,
+    only: Only = None,
+    dry_run: DryRun = False,
+    state_dir: StateDir = None,
+    prefix: Prefix = None,
+    subnet: Subnet = None,
+) -> None:
+    """Local steps with compressed, overlapped deltas against per-step Horovod (issue 13)."""
+
+    def build() -> Experiment:
+        from globaldl.experiments import RoundsExperiment
+
+        return RoundsExperiment(
+            quick=quick, cycle_time_ms=parse_cycle_time(cycle_time_ms), shaped_profile=profile
+        )
+
+    report = _execute(
+        build,
+        out=out,
+        dry_run=dry_run,
+        state_dir=state_dir,
+        prefix=prefix,
+        subnet=subnet,
+        only=_labels(only),
+    )
+    raise typer.Exit(code=_exit_code([report]))
+
+
 @app.command(name="all")
 def all_experiments(
     quick: Quick = False,
@@ -502,7 +537,9 @@ def all_experiments(
 def report(
     name: Annotated[
         str,
-        typer.Argument(help="devices, resources, ablation, bottleneck, recovery or balance."),
+        typer.Argument(
+            help="devices, resources, ablation, bottleneck, recovery, balance or rounds."
+        ),
     ],
     quick: Quick = False,
     out: Out = None,

@@ -17,6 +17,7 @@ from globaldl.experiments.experiment import (
 )
 from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
+from globaldl.experiments.rounds import RoundsExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
 from globaldl.experiments.spec import FleetConfig, RunSpec, Workload
 
@@ -27,6 +28,7 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "bottleneck": BottleneckExperiment,
     "recovery": RecoveryExperiment,
     "balance": BalanceExperiment,
+    "rounds": RoundsExperiment,
 }
 
 
@@ -55,6 +57,7 @@ __all__ = [
     "FleetConfig",
     "RecoveryExperiment",
     "ResourcesExperiment",
+    "RoundsExperiment",
     "RunResult",
     "RunSpec",
     "Schedule",
