@@ -232,6 +232,8 @@ class ElasticState(_state_base()):  # type: ignore[misc]
         """The ring re-formed: rebuild the trainer for the new size and move the state in."""
         old = self.trainer
         self.trainer = Trainer(self.settings, exchange=old.exchange, phase_timing=self.phase_timing)
+        if old.rounds is not None and self.trainer.rounds is not None:
+            self.trainer.rounds.totals = old.rounds.totals  # the run's rounds, not the ring's
         self._load(self.trainer)
         self.sizes.append(self.trainer.size)
         if self.events:

@@ -26,12 +26,9 @@ from globaldl import checkpoint, summary
 from globaldl.balance import gradient_weight, split_batch
 from globaldl.compression import CompressionConfig, GradientCompressor
 from globaldl.exchange import Exchange
-from globaldl.local_sgd import outer as outer_optimizers
-from globaldl.local_sgd.engine import RoundEngine
+from globaldl.local_sgd.engine import RoundEngine, build_round_engine
 from globaldl.local_sgd.local_step import build_local_step
 from globaldl.local_sgd.report import rounds_summary
-from globaldl.local_sgd.round_graph import RoundGraph
-from globaldl.local_sgd.schedule import outer_momentum
 from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.pipelines import InputPipeline, make_pipeline
@@ -167,7 +164,7 @@ class Trainer:
         # Rounds of local steps (--sync-every > 1); None is the per-step exchange.
         self.rounds: RoundEngine | None = None
         if not settings.sync_interval.per_step:
-            self.rounds = self._make_rounds()
+            self.rounds = build_round_engine(self)
         shared: dict[str, Any] = {"rounds": self.rounds.checkpoint()} if self.rounds else {}
         self.shared_state = tf.train.Checkpoint(
             model=self.model, optimizer=self.optimizer, step=self.step, epoch=self.epoch, **shared
@@ -177,38 +174,6 @@ class Trainer:
             **{f"local_{index}": v for index, v in enumerate(self.own_round_variables())},
         )
         self._train_step = self._build_train_step()
-
-    def _make_rounds(self) -> RoundEngine:
-        settings = self.settings
-        outer = outer_optimizers.get(
-            {
-                "class_name": settings.outer_optimizer,
-                "config": {
-                    "learning_rate": settings.outer_lr,
-                    "momentum": outer_momentum(settings.outer_optimizer, settings.outer_momentum),
-                },
-            }
-        )
-        graph = RoundGraph(
-            model=self.model,
-            variables=self.variables,
-            optimizer_variables=optimizer_variables(self.optimizer),
-            outer=outer,
-            compressor=self.compressor,
-            exchange=self.exchange,
-            num_ranks=self.size,
-            rescale_by_samples=settings.sync_interval.by_time,
-            nominal_batch_size=settings.batch_size,
-        )
-        return RoundEngine(
-            graph,
-            interval=settings.sync_interval,
-            overlap=settings.overlap,
-            batch_size=self.batch_size,
-            global_batch_size=self.global_batch_size,
-            sample_weight=gradient_weight(self.rank_batch_sizes, self.rank),
-            nominal_batch_size=settings.batch_size,
-        )
 
     def own_round_variables(self) -> list[tf.Variable]:
         """In rounds, what differs between devices inside a round: weights, inner optimizer."""

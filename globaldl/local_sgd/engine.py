@@ -40,14 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
+from globaldl.balance import gradient_weight
+from globaldl.local_sgd import outer as outer_optimizers
 from globaldl.local_sgd.outer import serialize
 from globaldl.local_sgd.overlap import PendingRound, RoundLedger, run_in_background
 from globaldl.local_sgd.round_graph import Contribution, RoundGraph, RoundResult
-from globaldl.local_sgd.schedule import SyncInterval
+from globaldl.local_sgd.schedule import SyncInterval, outer_momentum
 from globaldl.monitoring import PHASES, TrainingObserver
 
 if TYPE_CHECKING:  # the trainer imports this module
-    from globaldl.trainer import RunTotals
+    from globaldl.trainer import RunTotals, Trainer
 
 SYNC_PHASES = ("compress", "exchange", "decompress")
 
@@ -305,3 +307,37 @@ class RoundEngine:
             "background_exchange_seconds": self.totals.background_seconds,
             "tracing_seconds": self.totals.tracing_seconds,
         }
+
+
+def build_round_engine(trainer: Trainer) -> RoundEngine:
+    """The round engine of a trainer whose settings ask for rounds (`--sync-every` > 1)."""
+    from globaldl.trainer import optimizer_variables
+
+    settings = trainer.settings
+    momentum = outer_momentum(settings.outer_optimizer, settings.outer_momentum)
+    outer = outer_optimizers.get(
+        {
+            "class_name": settings.outer_optimizer,
+            "config": {"learning_rate": settings.outer_lr, "momentum": momentum},
+        }
+    )
+    graph = RoundGraph(
+        model=trainer.model,
+        variables=trainer.variables,
+        optimizer_variables=optimizer_variables(trainer.optimizer),
+        outer=outer,
+        compressor=trainer.compressor,
+        exchange=trainer.exchange,
+        num_ranks=trainer.size,
+        rescale_by_samples=settings.sync_interval.by_time,
+        nominal_batch_size=settings.batch_size,
+    )
+    return RoundEngine(
+        graph,
+        interval=settings.sync_interval,
+        overlap=settings.overlap,
+        batch_size=trainer.batch_size,
+        global_batch_size=trainer.global_batch_size,
+        sample_weight=gradient_weight(trainer.rank_batch_sizes, trainer.rank),
+        nominal_batch_size=settings.batch_size,
+    )
