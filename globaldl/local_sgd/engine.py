@@ -61,7 +61,6 @@ class RoundTotals:
     rounds: int = 0
     skipped_rounds: int = 0
     sync_seconds: float = 0.0  # the training loop's own time at round ends (waits included)
-    tracing_seconds: float = 0.0  # first calls of the round's tf.functions (once per run)
     background_seconds: float = 0.0  # exchanges that ran beside the local steps (overlap)
 
 
@@ -94,8 +93,6 @@ class RoundEngine:
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.round_started = time.perf_counter()
-        self._traced: set[str] = set()
-        self._tracing_now = 0.0
 
     # ------------------------------------------------------------------ state
     def shared_variables(self) -> list[tf.Variable]:
@@ -126,6 +123,7 @@ class RoundEngine:
     def _restart_bookkeeping(self, step: int) -> None:
         self.pending = None
         self.ledger.restart_at(int(self.graph.rounds.numpy()))
+        self._first_index = self.ledger.submitted
         # Rounds by steps are cut every H global steps from step 0 (a partial last round is
         # exchanged only when training ends, after its checkpoint), so the position follows.
         self.steps_in_round = 0 if self.interval.by_time else step % int(self.interval.steps or 1)
@@ -161,33 +159,30 @@ class RoundEngine:
 
     def end_round(self, observer: TrainingObserver, totals: RunTotals) -> None:
         """Exchange this round's delta (or submit it, with overlap) and start the next round."""
-        started = time.perf_counter()
-        self._tracing_now = 0.0
         contribution = self._contribution()
         index = self.ledger.submit()
         if not self.overlap:
-            # Traced apart and kept out of the sync time, as the per-step exchange's
-            # timestamps leave its tracing out.
-            self._trace(self.graph.sync_round, contribution)
-            result = self.graph.sync_round(contribution)
+            result, apply_seconds = self.graph.sync_round(contribution)
             self._applied(index, result)
             seconds = dict(zip(SYNC_PHASES, result.phase_seconds.numpy().tolist(), strict=True))
+            seconds["apply"] = float(apply_seconds)
         else:
             waited, result = 0.0, None
             if self.pending is None:
-                self._trace(self.graph.first_turn)
-                deltas, _, statistics = self.graph.first_turn()
+                turn = self.graph.first_turn()
             else:
                 waited, result = self._wait(self.pending)
-                self._trace(self.graph.turn, result)
-                deltas, _, statistics = self.graph.turn(result)
+                turn = self.graph.turn(result)
                 self._applied(self.pending.index, result)
-            arguments = (deltas, contribution, statistics)
-            self._trace(self.graph.exchange_round, *arguments)
+            arguments = (turn.deltas, contribution, turn.statistics)
+            if index == self._first_index:
+                # Traced here, not on the background thread, where the loop would wait for it
+                # (the steps' and the in-place rounds' tracing is untimed too).
+                self.graph.exchange_round.get_concrete_function(*arguments)
             future = run_in_background(self.graph.exchange_round, *arguments)
             self.pending = PendingRound(index, future)
-            seconds = {"exchange": waited}
-        self._report(observer, totals, started, seconds, result)
+            seconds = {"exchange": waited, "apply": float(turn.seconds)}
+        self._report(observer, totals, seconds, result)
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.round_started = time.perf_counter()
@@ -200,14 +195,11 @@ class RoundEngine:
         """
         if self.pending is None:
             return
-        started = time.perf_counter()
-        self._tracing_now = 0.0
         pending, self.pending = self.pending, None
         waited, result = self._wait(pending)
-        self._trace(self.graph.drain, result)
-        self.graph.drain(result)
+        seconds = {"exchange": waited, "apply": float(self.graph.drain(result))}
         self._applied(pending.index, result)
-        self._report(observer, totals, started, {"exchange": waited}, result)
+        self._report(observer, totals, seconds, result)
 
     def finish(self, observer: TrainingObserver, totals: RunTotals) -> None:
         """The end of training: exchange the partial last round, so every device ends equal."""
@@ -243,7 +235,7 @@ class RoundEngine:
         started = time.perf_counter()
         result = pending.future.result()
         waited = time.perf_counter() - started
-        self.totals.background_seconds += float(tf.reduce_sum(result.phase_seconds))
+        self.totals.background_seconds += float(result.phase_seconds.numpy().sum())
         return waited, result
 
     def _applied(self, index: int, result: RoundResult) -> None:
@@ -251,32 +243,21 @@ class RoundEngine:
         self.totals.rounds += 1
         self.totals.skipped_rounds += int(bool(result.nonfinite))
 
-    def _trace(self, function: Any, *arguments: Any) -> None:
-        """Trace a round function before its first call, timing the tracing apart."""
-        name = function.__name__
-        if name in self._traced:
-            return
-        started = time.perf_counter()
-        function.get_concrete_function(*arguments)
-        seconds = time.perf_counter() - started
-        self._traced.add(name)
-        self._tracing_now += seconds
-        self.totals.tracing_seconds += seconds
-
     def _report(
         self,
         observer: TrainingObserver,
         totals: RunTotals,
-        started: float,
         seconds: dict[str, float],
         applied: RoundResult | None,
     ) -> None:
-        """Add the loop's time at this round end to the phases (the rest of it is `apply`)."""
-        elapsed = time.perf_counter() - started - self._tracing_now
+        """Add the loop's time at this round end to the phases, its bytes to the totals.
+
+        `seconds`: the graph-timed phases (the outer step and restart are `apply`), and with
+        overlap the wait for the round in flight as `exchange`.
+        """
         phases = dict.fromkeys(PHASES, 0.0)
         phases.update(seconds)
-        phases["apply"] = max(0.0, elapsed - sum(seconds.values()))
-        self.totals.sync_seconds += elapsed
+        self.totals.sync_seconds += sum(phases.values())
         for name, value in phases.items():
             totals.phase_seconds[name] += value
         wire_bytes = raw_bytes = 0
@@ -305,7 +286,6 @@ class RoundEngine:
             "rounds_applied_in_order": self.ledger.applied == list(range(self.ledger.submitted)),
             "sync_seconds": self.totals.sync_seconds,
             "background_exchange_seconds": self.totals.background_seconds,
-            "tracing_seconds": self.totals.tracing_seconds,
         }
 
 

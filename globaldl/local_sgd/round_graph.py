@@ -10,7 +10,9 @@ costs the training loop time it could spend computing:
 - `turn` / `first_turn`: apply the previous round's result, take this round's delta and
   restart beside it (overlap); `drain`: apply a result and keep the progress since.
 
-The protocol around them (when a round ends, what is in flight) is `engine.RoundEngine`'s.
+Each returns the seconds it took, timed inside the graph like the step's phases (so the
+first call's tracing and graph optimisation are left out, as they are for steps). The protocol
+around them (when a round ends, what is in flight) is `engine.RoundEngine`'s.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ class RoundResult(NamedTuple):
     total_samples: tf.Tensor  # float64: examples the whole fleet processed in the round
     statistics: tf.Tensor  # float32: the fleet's mean of the non-trainable floats, flat
     phase_seconds: tf.Tensor  # float64 [3]: compress, exchange, decompress
+
+
+class Turn(NamedTuple):
+    """What an overlapped round end hands to the background exchange, and its seconds."""
+
+    deltas: list[tf.Tensor]  # this device's round delta, per variable
+    statistics: tf.Tensor  # this device's non-trainable floats, flat
+    seconds: tf.Tensor  # float64: the turn's own time, inside the graph
 
 
 class Contribution(NamedTuple):
@@ -123,13 +133,19 @@ class RoundGraph:
 
     # ------------------------------------------------------------------ graph functions
     @tf.function
-    def sync_round(self, contribution: Contribution) -> RoundResult:
-        """A whole round end without overlap: exchange the delta, step, restart at the anchor."""
+    def sync_round(self, contribution: Contribution) -> tuple[RoundResult, tf.Tensor]:
+        """A whole round end without overlap: exchange the delta, step, restart at the anchor.
+
+        Returns the exchange's result and the seconds of the outer step and restart.
+        """
         deltas, own_finite, statistics = self._take_delta()
         result = self._exchange(deltas, contribution, statistics)
-        self._apply(result)
-        self._restart(own_finite, in_flight=None)
-        return result
+        with tf.control_dependencies(tf.nest.flatten(result)):
+            started = tf.timestamp()
+        with tf.control_dependencies([started]):
+            self._apply(result)
+            self._restart(own_finite, in_flight=None)
+        return result, self._seconds_since(started)
 
     @tf.function
     def exchange_round(
@@ -139,31 +155,54 @@ class RoundGraph:
         return self._exchange(deltas, contribution, statistics)
 
     @tf.function
-    def first_turn(self) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+    def first_turn(self) -> Turn:
         """Overlap, nothing in flight yet: take the delta, restart beside it."""
-        deltas, own_finite, statistics = self._take_delta()
-        self._restart(own_finite, in_flight=deltas)
-        return deltas, own_finite, statistics
+        started = tf.timestamp()
+        with tf.control_dependencies([started]):
+            deltas, own_finite, statistics = self._take_delta()
+            self._restart(own_finite, in_flight=deltas)
+        return Turn(deltas, statistics, self._seconds_since(started))
 
     @tf.function
-    def turn(self, previous: RoundResult) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
+    def turn(self, previous: RoundResult) -> Turn:
         """Overlap: take this round's delta, apply the previous round, restart beside it."""
-        deltas, own_finite, statistics = self._take_delta()
-        self._apply(previous)
-        self._restart(own_finite, in_flight=deltas)
-        return deltas, own_finite, statistics
+        started = tf.timestamp()
+        with tf.control_dependencies([started]):
+            deltas, own_finite, statistics = self._take_delta()
+            self._apply(previous)
+            self._restart(own_finite, in_flight=deltas)
+        return Turn(deltas, statistics, self._seconds_since(started))
 
     @tf.function
-    def drain(self, previous: RoundResult) -> None:
+    def drain(self, previous: RoundResult) -> tf.Tensor:
         """Apply the round in flight; keep the progress made since on top of the new anchor."""
-        self._apply(previous)
-        for variable, start, anchor in zip(
-            self.variables, self.round_start, self.anchor, strict=True
-        ):
-            variable.assign(anchor + (variable - start))
-            start.assign(anchor)
+        started = tf.timestamp()
+        with tf.control_dependencies([started]):
+            self._apply(previous)
+            for variable, start, anchor in zip(
+                self.variables, self.round_start, self.anchor, strict=True
+            ):
+                variable.assign(anchor + (variable - start))
+                start.assign(anchor)
+        return self._seconds_since(started)
 
     # ------------------------------------------------------------------ ops (traced inside)
+    def _seconds_since(self, started: tf.Tensor) -> tf.Tensor:
+        """Seconds from `started` to after every write of the round (the reads wait for them)."""
+        written = [
+            v.read_value()
+            for v in [
+                *self.variables,
+                *self.round_start,
+                *self.shared_variables(),
+                *self.compressor.step_state_variables,
+                *self.optimizer_slots,
+                *self.statistics,
+            ]
+        ]
+        with tf.control_dependencies(written):
+            return tf.timestamp() - started
+
     def _take_delta(self) -> tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]:
         deltas = [
             start - variable
