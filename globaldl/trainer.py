@@ -80,8 +80,13 @@ def _configure_threads(local_size: int) -> None:
     if tf.config.threading.get_intra_op_parallelism_threads() != 0:
         return
     cores = os.cpu_count() or 1
-    tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // max(1, local_size)))
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // max(1, local_size)))
+        tf.config.threading.set_inter_op_parallelism_threads(2)
+    except RuntimeError:
+        # The runtime already started in this process (a trainer built inside a larger
+        # program or a test session): it keeps the pools it started with.
+        log.info("TensorFlow is already running; its thread pools stay as they are")
 
 
 def _make_optimizer(

@@ -73,7 +73,9 @@ class SyncInterval:
         return self.seconds is not None
 
     def __str__(self) -> str:
-        return str(self.steps) if self.steps is not None else f"{self.seconds:g}s"
+        if self.steps is not None:
+            return str(self.steps)
+        return f"{self.seconds:f}".rstrip("0").rstrip(".") + "s"  # no exponent: 0.00001s
 
 
 def outer_momentum(optimizer: str, momentum: float | None) -> float:
