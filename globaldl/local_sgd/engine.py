@@ -90,6 +90,7 @@ class RoundEngine:
         self.ledger = RoundLedger()
         self.totals = RoundTotals()
         self.pending: PendingRound | None = None
+        self._first_index = 0  # the first round this engine submits (traced before it runs)
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.round_started = time.perf_counter()
@@ -213,7 +214,7 @@ class RoundEngine:
         if pending is not None:
             try:
                 pending.future.exception(timeout=timeout_seconds)
-            except Exception:  # noqa: S110 - the ring is broken; its error is not news
+            except Exception:  # the ring is broken; its error is not news
                 pass
 
     # ------------------------------------------------------------------ round pieces
