@@ -37,7 +37,10 @@ def test_full_plan_covers_both_models_both_fleets_and_every_target_baseline() ->
         (factors["sync_every"], factors["compression"], factors["overlap"])
         for factors in rounds
         if factors["outer_optimizer"] == "sgd"
-    } == set(itertools.product((4, 16, 64), ("none", "prune+quantize"), (False, True)))
+    } == set(itertools.product((4, 16, 64), ("none", "prune+quantize"), (False, True))) - {
+        (4, "none", False),
+        (4, "none", True),
+    }
     assert {s.factors["compression"] for s in lenet4 if s.factors["sync_every"] == 1} == {
         "none", "fp16", "prune+quantize",
     }  # fmt: skip
@@ -45,7 +48,7 @@ def test_full_plan_covers_both_models_both_fleets_and_every_target_baseline() ->
         assert spec.fleet.cpu_cores_total == pytest.approx(2.0)
         assert spec.fleet.profile == ("custom:5:20:50" if spec.factors["shaped"] else
                                       "custom:10000:10000")  # fmt: skip
-    assert len(plan) == 34  # one repeat; about two hours on a quiet 2-core machine
+    assert len(plan) == 31  # one repeat; about two hours on a quiet 2-core machine
 
 
 @pytest.mark.parametrize("quick", [False, True])
