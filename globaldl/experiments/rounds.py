@@ -374,6 +374,41 @@ class RoundsExperiment(Experiment):
         )
         return checks
 
+    def extra_markdown(self, results: Sequence[RunResult]) -> str:
+        """What overlap costs in accuracy and saves in time, pair by pair."""
+        from globaldl.bench.results import markdown_table
+
+        rows = self.rows(results)
+        pairs = []
+        for variant in self.variants:
+            if not variant.overlap or variant.outer_optimizer != "sgd":
+                continue
+            apart = self._row(rows, Variant(**{**variant.__dict__, "overlap": False}))
+            together = self._row(rows, variant)
+            if not apart or not together:
+                continue
+            pairs.append(
+                {
+                    "model": variant.model,
+                    "devices": variant.devices,
+                    "sync_every": variant.sync_every,
+                    "compression": variant.compression,
+                    "val_accuracy (in place)": apart.get("val_accuracy"),
+                    "val_accuracy (overlap)": together.get("val_accuracy"),
+                    "seconds_to_target (in place)": apart.get("seconds_to_target"),
+                    "seconds_to_target (overlap)": together.get("seconds_to_target"),
+                    "training_seconds (in place)": apart.get("training_seconds"),
+                    "training_seconds (overlap)": together.get("training_seconds"),
+                }
+            )
+        if not pairs:
+            return ""
+        return (
+            "## What the one-round staleness of overlap costs and saves\n\n"
+            "Each pair differs only in `--overlap` (the exchange of round t runs beside round "
+            "t+1 and is applied one round late).\n\n" + markdown_table(pairs)
+        )
+
     # ------------------------------------------------------------------ plots
     def plots(
         self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult], out_dir: Path

@@ -111,5 +111,8 @@ def test_targets_are_read_from_the_recommended_run_against_its_baselines(tmp_pat
         rows = {row["label"]: row for row in csv.DictReader(stream)}
     assert float(rows["lenet-n4-h16-prune_quantize-overlap"]["seconds_to_target"]) == 8.0
     assert rows["lenet-n4-h16-prune_quantize"]["seconds_to_target"] == "not reached"
+    markdown = (tmp_path / "rounds.md").read_text()
+    assert "## What the one-round staleness of overlap costs and saves" in markdown
+    assert "| lenet | 4 | 16 | prune+quantize | 0.94 | 0.954 | not reached | 8 |" in markdown
     for name in ("rounds.png", "rounds-cost.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
