@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from globaldl.cli.errors import user_errors
 from globaldl.fleet import launcher
-from globaldl.fleet.fleet import Fleet, FleetError
+from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.measure import measure_throughput
 from globaldl.fleet.plan import DEFAULT_MEMORY_MB, DEFAULT_PREFIX, DEFAULT_SUBNET, plan_fleet
 from globaldl.fleet.profiles import DEFAULT_PROFILES_PATH, device_profiles, load_profiles
+from globaldl.fleet.request import ProgramRequest, TrainRequest, new_run_id
 from globaldl.fleet.state import DEFAULT_STATE_DIR
 
 app = typer.Typer(
@@ -35,28 +35,8 @@ StateDir = Annotated[
 ]
 
 
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Bad input or a refused system operation -> one line on stderr and exit code 2.
-
-    Same contract as globaldl.cli.errors.user_errors, without importing it: that module pulls
-    in TensorFlow (through globaldl.checkpoint), which would make `fleet hosts` (run by Horovod
-    Elastic every few seconds) take seconds of CPU instead of milliseconds.
-    """
-    try:
-        yield
-    except (ValueError, OSError) as error:
-        typer.echo(f"globaldl: error: {error}", err=True)
-        raise typer.Exit(code=2) from None
-
-
 def _echo_err(message: str) -> None:
     typer.echo(message, err=True)
-
-
-def _fail(error: Exception) -> None:
-    typer.echo(f"globaldl: error: {error}", err=True)
-    raise typer.Exit(code=1)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -143,10 +123,7 @@ def up(
         )
         # A `kill` during up must still roll back.
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-        try:
-            state = Fleet(state_dir).up(plan, latency=latency, log=_echo_err)
-        except FleetError as error:
-            _fail(error)
+        state = Fleet(state_dir).up(plan, latency=latency, log=_echo_err)
     latency = "emulated" if state.latency_emulated else "NOT emulated (rates only)"
     if not any(d.profile.needs_netem for d in state.devices):
         latency = "none asked for"
@@ -168,10 +145,7 @@ def up(
 def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Remove everything the fleet created; safe to run twice."""
     with user_errors():
-        try:
-            removed = Fleet(state_dir).down(log=_echo_err)
-        except FleetError as error:
-            _fail(error)
+        removed = Fleet(state_dir).down(log=_echo_err)
     typer.echo(
         "fleet down: removed"
         if removed
@@ -258,11 +232,9 @@ def revive(
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Bring a killed device back: link up, sshd started, login checked."""
-    with user_errors():
-        try:
-            Fleet(state_dir).revive(device)
-        except RuntimeError as error:
-            _fail(error)
+    # A device whose sshd will not start or answer is refused by the system (exit 1).
+    with user_errors(refused=(RuntimeError,)):
+        Fleet(state_dir).revive(device)
     typer.echo(f"{device}: up")
 
 
@@ -366,40 +338,17 @@ def run(
                 worker_args.append("--elastic")
         elif min_np is not None or max_np is not None:
             raise ValueError("--min-np and --max-np need --elastic")
-        run_id = run_id or launcher.option_value(worker_args, "--run-id") or launcher.new_run_id()
-        if exec_command:
-            if not worker_args:
-                raise ValueError("--exec needs a command after --")
-            worker_argv = worker_args
-            summary_path = summary.resolve() if summary else None
-        else:
-            given = launcher.option_value(worker_args, "--summary")
-            summary_path = Path(
-                given or summary or launcher.DEFAULT_RUNS_DIR / run_id / "summary.json"
-            ).resolve()
-            summary_path.parent.mkdir(parents=True, exist_ok=True)
-            # A relative --summary means the same file on every device: workers start in this cwd.
-            worker_argv = launcher.train_argv(
-                worker_args, run_id=run_id, summary=summary_path, metrics_port=metrics_port
-            )
-        base_port = (
-            metrics_port
-            if metrics_port is not None
-            else _int_or_none(launcher.option_value(worker_args, "--metrics-port"))
-        )
+        request = _request(worker_args, exec_command, run_id, summary, metrics_port)
         targets_dir = None
-        if base_port is not None:
+        if request.metrics_port is not None:
             from globaldl.monitoring.prometheus import DEFAULT_STATE_DIR as PROMETHEUS_STATE_DIR
             from globaldl.monitoring.prometheus import targets_dir as prometheus_targets_dir
 
             targets_dir = prometheus_targets_dir(prometheus_dir or PROMETHEUS_STATE_DIR)
         result = launcher.run_on_fleet(
             fleet,
-            worker_argv,
-            run_id=run_id,
-            summary_path=summary_path,
+            request,
             targets_dir=targets_dir,
-            metrics_port=base_port,
             timeout_seconds=timeout_seconds,
             start_timeout_seconds=start_timeout_seconds,
             network_interface=network_interface,
@@ -440,8 +389,26 @@ def _cores_list(text: str) -> list[float]:
     return values
 
 
-def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text is not None else None
+def _request(
+    worker_args: list[str],
+    exec_command: bool,
+    run_id: str | None,
+    summary: Path | None,
+    metrics_port: int | None,
+) -> TrainRequest | ProgramRequest:
+    """What every device runs, read once from the command line (the launcher gets it typed)."""
+    if exec_command:
+        return ProgramRequest(
+            command=tuple(worker_args),
+            run_id=run_id or new_run_id(),
+            summary_path=summary.resolve() if summary else None,
+            metrics_port=metrics_port,
+        )
+    request = TrainRequest.from_command_line(
+        worker_args, run_id=run_id, summary=summary, metrics_port=metrics_port
+    )
+    request.summary_path.parent.mkdir(parents=True, exist_ok=True)
+    return request
 
 
 if __name__ == "__main__":

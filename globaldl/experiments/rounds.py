@@ -14,18 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from globaldl.experiments.aggregate import aggregate_rows, representative_results, row_spread
 from globaldl.experiments.analysis import (
+    Spread,
     TargetCheck,
     at_least_times_sooner,
     at_most_times,
     epoch_end_seconds,
     seconds_or_not_reached,
     time_to_target,
-    training_seconds,
 )
 from globaldl.experiments.experiment import Experiment, run_row
 from globaldl.experiments.outputs import number_or_none, save_figure
-from globaldl.experiments.runner import RunResult
+from globaldl.experiments.results import RunResult
 from globaldl.experiments.spec import (
     LENET_MNIST,
     FleetConfig,
@@ -270,18 +271,26 @@ class RoundsExperiment(Experiment):
                     }
                 )
             rows.append(row)
-        for row in rows:
-            dense = self._row(rows, Variant(str(row["model"]), int(row["devices"])))
+        return rows
+
+    def aggregate(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Medians over the repeats; byte reductions against the group's dense per-step run.
+
+        A reduction is the ratio of the two medians.
+        """
+        table = aggregate_rows(rows)
+        for row in table:
+            if "model" not in row:
+                continue
+            dense = self._row(table, Variant(str(row["model"]), int(row["devices"])))
             for column, measured in (
                 ("payload_reduction_vs_dense", "wire_bytes_per_sample"),
                 ("interface_reduction_vs_dense", "device_tx_bytes_per_sample"),
             ):
-                ours, reference = (
-                    number_or_none(row.get(measured)),
-                    number_or_none(dense.get(measured)),
-                )
+                ours = number_or_none(row.get(measured))
+                reference = number_or_none(dense.get(measured))
                 row[column] = reference / ours if ours and reference else None
-        return rows
+        return table
 
     @staticmethod
     def _row(rows: Sequence[dict[str, Any]], variant: Variant) -> dict[str, Any]:
@@ -291,12 +300,7 @@ class RoundsExperiment(Experiment):
     def targets(
         self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult]
     ) -> list[TargetCheck]:
-        """The issue's three targets, for the recommended rounds in every model x fleet size."""
-        totals = {
-            result.spec.label: training_seconds(result.summary)
-            for result in results
-            if result.summary is not None
-        }
+        """The issue's three targets on the medians, for the recommended rounds per group."""
         checks = []
         for model, devices in dict.fromkeys(v.group for v in self.variants):
             ours = self._row(rows, Variant(model, devices, **RECOMMENDED))
@@ -311,29 +315,28 @@ class RoundsExperiment(Experiment):
                 at_least_times_sooner(
                     f"{where}: {recommended} reaches {target:g} >= {FACTOR_SOONER:g}x sooner "
                     f"than dense per-step Horovod ({self.shaped_profile})",
-                    number_or_none(ours.get("seconds_to_target")),
-                    number_or_none(dense.get("seconds_to_target")),
+                    row_spread(ours, "seconds_to_target"),
+                    row_spread(dense, "seconds_to_target"),
                     FACTOR_SOONER,
-                    slower_total_seconds=totals.get(Variant(model, devices).label),
+                    slower_total_seconds=row_spread(dense, "training_seconds"),
                 )
             )
             checks.append(
                 at_most_times(
                     f"{where}: {recommended} on {self.shaped_profile} reaches {target:g} within "
                     f"{FACTOR_UNSHAPED:g}x of dense per-step on the unshaped, zero-latency link",
-                    number_or_none(ours.get("seconds_to_target")),
-                    number_or_none(unshaped.get("seconds_to_target")),
+                    row_spread(ours, "seconds_to_target"),
+                    row_spread(unshaped, "seconds_to_target"),
                     FACTOR_UNSHAPED,
                 )
             )
             checks += self._bytes_and_accuracy(where, recommended, ours, dense)
-            utilisation = number_or_none(ours.get("compute_utilisation"))
             checks.append(
-                TargetCheck(
+                _at_least(
                     f"{where}: {recommended} compute utilisation >= {MIN_UTILISATION:.0%} "
                     f"({self.shaped_profile})",
-                    "missing run" if utilisation is None else f"{utilisation:.1%}",
-                    None if utilisation is None else utilisation >= MIN_UTILISATION,
+                    row_spread(ours, "compute_utilisation"),
+                    MIN_UTILISATION,
                 )
             )
         return checks
@@ -353,17 +356,17 @@ class RoundsExperiment(Experiment):
                 TargetCheck(
                     f"{where}: {recommended} sends >= {MIN_BYTES_REDUCTION:g}x fewer {kind} per "
                     "training sample than dense fp32 per-step",
-                    "missing runs" if reduction is None else f"{reduction:,.0f}x",
+                    "missing runs" if reduction is None else f"{reduction:,.0f}x (of medians)",
                     None if reduction is None else reduction >= MIN_BYTES_REDUCTION,
                 )
             )
-        accuracy = number_or_none(ours.get("val_accuracy"))
-        dense_accuracy = number_or_none(dense.get("val_accuracy"))
+        accuracy = row_spread(ours, "val_accuracy")
+        dense_accuracy = row_spread(dense, "val_accuracy")
         met = None
         measured = "missing runs"
         if accuracy is not None and dense_accuracy is not None:
-            met = accuracy >= dense_accuracy - MAX_ACCURACY_LOSS
-            measured = f"{accuracy:.4f} vs dense {dense_accuracy:.4f}"
+            met = accuracy.median >= dense_accuracy.median - MAX_ACCURACY_LOSS
+            measured = f"{accuracy.text(digits=4)} vs dense {dense_accuracy.text(digits=4)}"
         checks.append(
             TargetCheck(
                 f"{where}: {recommended} final accuracy within {100 * MAX_ACCURACY_LOSS:g} point "
@@ -378,7 +381,7 @@ class RoundsExperiment(Experiment):
         """What overlap costs in accuracy and saves in time, pair by pair."""
         from globaldl.bench.results import markdown_table
 
-        rows = self.rows(results)
+        rows = self.aggregate(self.rows(results))
         pairs = []
         for variant in self.variants:
             if not variant.overlap or variant.outer_optimizer != "sgd":
@@ -422,7 +425,7 @@ class RoundsExperiment(Experiment):
             axes = figure.subplots(1, len(groups), squeeze=False)[0]
             for axis, (model, devices) in zip(axes, groups, strict=True):
                 colours = iter(colormaps["tab20"].colors)
-                for result in results:
+                for result in representative_results(results):
                     factors = result.spec.factors
                     history = (result.summary or {}).get("history")
                     if (factors["model"], result.spec.fleet.devices) != (model, devices):
@@ -441,7 +444,7 @@ class RoundsExperiment(Experiment):
                 axis.axhline(target, color="grey", linestyle=":")
                 axis.set_xscale("log")
                 axis.set_title(f"{model}, {devices} devices", fontsize=9)
-                axis.set_xlabel("seconds since the first step")
+                axis.set_xlabel("seconds since the first step (the median repeat)")
                 axis.grid(alpha=0.3)
                 axis.legend(fontsize=5)
             axes[0].set_ylabel("validation accuracy (global weights)")
@@ -510,3 +513,13 @@ class RoundsExperiment(Experiment):
             "max_steps_per_epoch": self.max_steps_per_epoch,
             "batch_size": self.batch_size,
         }
+
+
+def _at_least(goal: str, measured: Spread | None, minimum: float) -> TargetCheck:
+    """Met when the median is at least `minimum` (a share, shown as a percentage)."""
+    if measured is None:
+        return TargetCheck(goal, "missing run", None)
+    text = f"{measured.median:.1%}"
+    if measured.low != measured.high:
+        text += f" [{measured.low:.1%}-{measured.high:.1%}]"
+    return TargetCheck(goal, text, measured.median >= minimum)

@@ -1,4 +1,4 @@
-"""CPU quota and memory limit of one emulated device, as cgroup v1 groups."""
+"""CPU quota, memory limit and CPU accounting of the emulated devices, as cgroup v1 groups."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ CPU_PERIOD_MICROSECONDS = 100_000
 # The kernel refuses cfs quotas below 1 ms.
 MIN_CPU_QUOTA_MICROSECONDS = 1_000
 CONTROLLERS = ("cpu", "memory")
+# Counts the CPU time of a group and its children (cpuacct.usage); the machine-load record of
+# the experiments reads it. Where cpu and cpuacct share a hierarchy the cpu group counts.
+ACCOUNTING_CONTROLLER = "cpuacct"
 
 
 def cgroup_v1_mount(controller: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> Path:
@@ -26,6 +29,49 @@ def cgroup_v1_mount(controller: str, mountinfo: Path = Path("/proc/self/mountinf
         f"the cgroup v1 {controller!r} controller is not mounted (see /proc/self/mountinfo); the "
         f"fleet limits devices with cgroup v1 {', '.join(CONTROLLERS)} controllers"
     )
+
+
+def fleet_controllers() -> tuple[str, ...]:
+    """The controllers a fleet creates its groups in: cpu, memory, and cpuacct if separate.
+
+    cpuacct gets groups only where it has a hierarchy of its own; where it is not mounted at
+    all the fleet's CPU time goes unaccounted.
+    """
+    try:
+        accounting = cgroup_v1_mount(ACCOUNTING_CONTROLLER)
+    except ValueError:
+        return CONTROLLERS
+    if accounting == cgroup_v1_mount("cpu"):
+        return CONTROLLERS
+    return (*CONTROLLERS, ACCOUNTING_CONTROLLER)
+
+
+def accounting_group(cpu_group: Path) -> Path:
+    """The group that counts the CPU time of `cpu_group`'s processes (same path in cpuacct)."""
+    return cgroup_v1_mount(ACCOUNTING_CONTROLLER) / Path(cpu_group).relative_to(
+        cgroup_v1_mount("cpu")
+    )
+
+
+def groups_to_join(cpu_group: Path, memory_group: Path) -> list[Path]:
+    """The groups a device's processes belong to: its limits, and its accounting if separate."""
+    groups = [Path(cpu_group), Path(memory_group)]
+    if ACCOUNTING_CONTROLLER in fleet_controllers():
+        accounting = accounting_group(cpu_group)
+        if accounting.exists():  # a fleet brought up before accounting existed has none
+            groups.append(accounting)
+    return groups
+
+
+def cpu_seconds(group: Path) -> float | None:
+    """CPU seconds the group's processes (children's included) used since it was created.
+
+    None when the group does not exist or counts nothing (no cpuacct.usage).
+    """
+    try:
+        return int((Path(group) / "cpuacct.usage").read_text()) / 1e9
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def cpu_quota_microseconds(cpu_cores: float) -> int:
@@ -82,6 +128,11 @@ def join_groups(groups: list[str]) -> None:
     for group in groups:
         with open(Path(group) / "cgroup.procs", "w") as procs:
             procs.write(str(os.getpid()))
+
+
+def move_process(group: Path, pid: int) -> None:
+    """Move process `pid` into `group`; the children it starts afterwards are born there."""
+    (Path(group) / "cgroup.procs").write_text(str(pid))
 
 
 def group_pids(group: Path) -> list[int]:

@@ -35,6 +35,10 @@ class FleetError(RuntimeError):
     """The system refused a fleet operation (after any rollback has run)."""
 
 
+class FleetLockTimeoutError(FleetError):
+    """Another fleet operation under the same parent directory held the lock too long."""
+
+
 class NetemUnavailableError(ValueError):
     """A profile needs latency or loss emulation, and this kernel has no tc netem."""
 
@@ -109,7 +113,7 @@ class Fleet:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise FleetError(
+                        raise FleetLockTimeoutError(
                             f"another fleet operation has held the lock on {parent} for "
                             f"{LOCK_TIMEOUT_SECONDS:g} s"
                         ) from None
@@ -231,7 +235,7 @@ class Fleet:
         run(["ip", "link", "set", plan.bridge, "up"])
 
         group_parent = f"{plan.prefix}-fleet"
-        for controller in cgroups.CONTROLLERS:
+        for controller in cgroups.fleet_controllers():
             path = cgroups.create_group(controller, group_parent)
             state.record("cgroup", path=str(path))
 
@@ -258,8 +262,12 @@ class Fleet:
         authorized_keys: Path,
     ) -> DeviceState:
         netns = spec.name
-        run(["ip", "netns", "add", netns])
+        if Path(f"/run/netns/{netns}").exists():
+            raise FleetError(f"network namespace {netns} already exists; choose another --prefix")
+        # Journaled before it exists: a `fleet up` killed while `ip netns add` runs would
+        # otherwise leave a namespace no state knows (undo skips one that never came).
         state.record("netns", name=netns)
+        run(["ip", "netns", "add", netns])
         run(["ip", "-n", netns, "link", "set", "lo", "up"])
         run(
             [
@@ -308,13 +316,16 @@ class Fleet:
         ]
         hosts_lines += [f"{other.address} {other.name}" for other in plan.devices]
         (etc_dir / "hosts").write_text("\n".join(hosts_lines) + "\n")
+        # The device's own /etc/hostname, as a real device has: provisioning may set it without
+        # touching this machine's.
+        (etc_dir / "hostname").write_text(f"{spec.name}\n")
 
-        groups = []
-        for controller in cgroups.CONTROLLERS:
+        groups = {}
+        for controller in cgroups.fleet_controllers():
             group = cgroups.create_group(controller, f"{group_parent}/{spec.name}")
             state.record("cgroup", path=str(group))
-            groups.append(group)
-        cpu_group, memory_group = groups
+            groups[controller] = group
+        cpu_group, memory_group = groups["cpu"], groups["memory"]
         cgroups.set_cpu_limit(cpu_group, spec.cpu_cores)
         cgroups.set_memory_limit(memory_group, spec.memory_bytes)
 
@@ -323,7 +334,12 @@ class Fleet:
         host_key_public = sshd.generate_key(host_key, f"{spec.name}-host")
         config = device_dir / "sshd_config"
         config.write_text(
-            sshd.sshd_config_text(spec.address, host_key, authorized_keys, device_dir / "sshd.pid")
+            sshd.sshd_config_text(
+                spec.address,
+                host_key,
+                [authorized_keys, device_authorized_keys(device_dir)],
+                device_dir / "sshd.pid",
+            )
         )
         device = DeviceState(
             name=spec.name,
@@ -346,7 +362,12 @@ class Fleet:
             device.name,
             device_dir / "sshd_config",
             device_dir / "sshd.log",
-            [device.cpu_group, device.memory_group],
+            [
+                str(group)
+                for group in cgroups.groups_to_join(
+                    Path(device.cpu_group), Path(device.memory_group)
+                )
+            ],
         )
 
     # ------------------------------------------------------------------ down
@@ -542,6 +563,11 @@ def _shape(spec: DeviceSpec, netns: str, netem_available: bool) -> None:
     }
     apply_shaping(DEVICE_INTERFACE, LinkDirection(profile.up_kbit_per_second, **delay), netns=netns)
     apply_shaping(spec.host_interface, LinkDirection(profile.down_kbit_per_second, **delay))
+
+
+def device_authorized_keys(device_dir: Path) -> Path:
+    """The device's own authorized_keys file (read by its sshd after the fleet's shared one)."""
+    return device_dir / "authorized_keys"
 
 
 def read_interface_counters(netns: str, interface: str = DEVICE_INTERFACE) -> dict[str, int]:

@@ -62,10 +62,13 @@ def fit_in_rounds(
         epoch_started = time.perf_counter()
         epoch_totals = np.zeros(3)
         steps = 0
+        # Rounds by time end an epoch by the fleet's examples; rank 0's steps are a guide.
+        progress = trainer.epoch_progress(epoch)
         while True:
             trainer.run_step(stream.iterator(), observer, totals, epoch_totals)
             stream.advance()
             steps += 1
+            progress.step_done(min(steps, trainer.steps_per_epoch - 1) if by_time else steps)
             synced = engine.after_step(observer, totals)
             if by_time:
                 # Every device learns the same totals at the same round end: all stop together.
