@@ -10,7 +10,8 @@ Launch it the way Horovod Elastic runs are launched (Gloo)::
 What the run keeps, and where:
 
 - Shared state, identical on every worker: the model weights, the optimizer's slots and
-  iteration count, the weight-pruning masks, the global step, the epoch, the position in the
+  iteration count, the compressor's shared state (weight-pruning masks, the shared scales of
+  summed integer codes, shared top-k's score), the global step, the epoch, the position in the
   epoch (as the fraction of its steps done), the epoch history and the run id. After every
   membership change rank 0's committed copy is broadcast to all workers, so every worker,
   new or old, continues from the same step.
@@ -155,18 +156,22 @@ class ElasticState(_state_base()):  # type: ignore[misc]
 
     # -------------------------------------------------------------- what is state
     def _shared_variables(self, trainer: Trainer) -> list[tf.Variable]:
-        compressor = trainer.compressor
-        local = {id(variable) for variable in compressor.step_state_variables}
-        masks = [v for v in compressor.state_variables if id(v) not in local]
         # In rounds the inner optimizer is each device's own; the weights are shared because
         # commits happen only at sync points, where every device holds the global weights.
         inner = optimizer_variables(trainer.optimizer) if trainer.rounds is None else []
         rounds = trainer.rounds.shared_variables() if trainer.rounds is not None else []
-        return [*trainer.model.variables, *inner, *masks, trainer.step, trainer.epoch, *rounds]
+        return [
+            *trainer.model.variables,
+            *inner,
+            *trainer.compressor.shared_state_variables,
+            trainer.step,
+            trainer.epoch,
+            *rounds,
+        ]
 
     def _local_variables(self, trainer: Trainer) -> list[tf.Variable]:
         inner = optimizer_variables(trainer.optimizer) if trainer.rounds is not None else []
-        return [*trainer.compressor.step_state_variables, *inner]
+        return [*trainer.compressor.local_state_variables, *inner]
 
     def _shared_objects(self) -> dict[str, Any]:
         return {

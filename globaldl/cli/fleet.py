@@ -300,7 +300,10 @@ def run(
     ] = launcher.DEFAULT_START_TIMEOUT_SECONDS,
     network_interface: Annotated[
         str | None,
-        typer.Option(help="horovodrun --network-interface (default: let Horovod probe)."),
+        typer.Option(
+            help="horovodrun --network-interface [default: the devices' eth0; Horovod's own "
+            "probe picks loopback at random when there is one device]."
+        ),
     ] = None,
     elastic: Annotated[
         bool,

@@ -19,6 +19,7 @@ from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
 from globaldl.experiments.rounds import RoundsExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
+from globaldl.experiments.scaling import ScalingExperiment
 from globaldl.experiments.spec import FleetConfig, RunSpec, Workload
 
 EXPERIMENTS: dict[str, type[Experiment]] = {
@@ -29,6 +30,7 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "recovery": RecoveryExperiment,
     "balance": BalanceExperiment,
     "rounds": RoundsExperiment,
+    "scaling": ScalingExperiment,
 }
 
 
@@ -60,6 +62,7 @@ __all__ = [
     "RoundsExperiment",
     "RunResult",
     "RunSpec",
+    "ScalingExperiment",
     "Schedule",
     "TargetCheck",
     "Variant",

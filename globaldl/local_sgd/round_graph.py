@@ -25,7 +25,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from globaldl.compression import GradientCompressor
-from globaldl.compression.compressor import StateUpdate
+from globaldl.compression.state import StateUpdate
 from globaldl.exchange import Exchange
 from globaldl.local_sgd.outer import OuterOptimizer
 from globaldl.step import phase_boundary
@@ -36,7 +36,7 @@ class RoundResult(NamedTuple):
 
     averaged: list[tf.Tensor]  # the fleet's sample-weighted mean delta, per variable
     nonfinite: tf.Tensor  # some device sent a non-finite delta: every device skips the round
-    update: StateUpdate  # this device's new residuals, kept unless the round is skipped
+    update: StateUpdate  # new residuals and shared codec state, kept unless the round is skipped
     wire_bytes: tf.Tensor  # int64: bytes this device handed to the round's collectives
     total_samples: tf.Tensor  # float64: examples the whole fleet processed in the round
     statistics: tf.Tensor  # float32: the fleet's mean of the non-trainable floats, flat
@@ -223,8 +223,17 @@ class RoundGraph:
         payload, update = compressor.compress(weighted, contribution.index)
         (payload, update), compressed = phase_boundary((payload, update))
 
-        sent = exchange.exchange_payload(payload, compressor)
+        # The codec's declaration decides the collectives, as in the per-step exchange; a codec
+        # of several rounds (PowerSGD) computes each round's payload from the last one's sum.
+        spec = compressor.wire_spec
+        sent = exchange.exchange_payload(payload, spec)
         wire_bytes = sent.wire_bytes
+        for round_index in range(1, spec.rounds):
+            payload, update = compressor.next_round(
+                round_index, sent.payload, self.num_ranks, update
+            )
+            sent = exchange.exchange_payload(payload, spec, round_index)
+            wire_bytes += sent.wire_bytes
         if self.counts_travel:
             own = tf.reshape(contribution.own_samples, [1])
             counts = tf.concat([own, tf.cast(statistics, tf.float64)], axis=0)
@@ -232,19 +241,26 @@ class RoundGraph:
             wire_bytes += 8 * tf.size(counts, out_type=tf.int64)
         else:
             counts = tf.reshape(contribution.known_total_samples, [1])
-        (received, lengths, wire_bytes, counts), exchanged = phase_boundary(
-            (sent.payload, sent.lengths, wire_bytes, counts)
+        (received, lengths, wire_bytes, counts, update), exchanged = phase_boundary(
+            (sent.payload, sent.lengths, wire_bytes, counts, update)
         )
 
-        averaged, nonfinite = compressor.decompress(received, lengths, self.num_ranks)
+        # The update comes back with the shared state this exchange decided (scales, score,
+        # basis); like the residuals, it is applied only when the round is not skipped.
+        averaged, nonfinite, decided = compressor.decompress_update(
+            received, lengths, self.num_ranks, update
+        )
+        # The carry (positions, PowerSGD's factors) served this round only: it stays out of
+        # the result, whose shapes must not vary from round to round (the overlapped turn).
+        update = StateUpdate((decided or update).values)
         total_samples = counts[0]
         if self.rescale_by_samples:
             # Each device sent samples_i / nominal_batch x its delta: rescale to the mean.
             scale = self.nominal_batch_size * self.num_ranks / tf.maximum(total_samples, 1.0)
             averaged = [value * tf.cast(scale, tf.float32) for value in averaged]
         statistics_mean = tf.cast(counts[1:] / self.num_ranks, tf.float32)
-        (averaged, nonfinite, statistics_mean), decompressed = phase_boundary(
-            (averaged, nonfinite, statistics_mean)
+        (averaged, nonfinite, statistics_mean, update), decompressed = phase_boundary(
+            (averaged, nonfinite, statistics_mean, update)
         )
         phase_seconds = tf.stack(
             [compressed - start, exchanged - compressed, decompressed - exchanged]

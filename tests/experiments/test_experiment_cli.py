@@ -128,6 +128,7 @@ def test_all_dry_run_prints_every_plan() -> None:
         ("bottleneck", "4"),
         ("recovery", "2"),
         ("balance", "2"),
+        ("scaling", "8"),
     ]
 
 

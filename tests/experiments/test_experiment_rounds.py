@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from experiment_fakes import result, summary
 
 from globaldl.experiments import RoundsExperiment, write_outputs
 from globaldl.experiments.rounds import RECOMMENDED, Variant
-from globaldl.settings import TrainSettings
+from globaldl.settings import resolve_settings
 
 
 def test_full_plan_covers_both_models_both_fleets_and_every_target_baseline() -> None:
@@ -52,20 +53,16 @@ def test_full_plan_covers_both_models_both_fleets_and_every_target_baseline() ->
 
 
 @pytest.mark.parametrize("quick", [False, True])
-def test_every_run_builds_valid_train_settings(quick: bool) -> None:
+def test_every_run_builds_valid_train_settings(quick: bool, tmp_path: Path) -> None:
     for spec in RoundsExperiment(quick=quick).plan():
         args, settings = list(spec.train_args), {}
         while args:
-            name = args.pop(0).removeprefix("--").replace("-", "_")
+            name = args.pop(0).removeprefix("--")
             has_value = args and not args[0].startswith("--")
             settings[name] = args.pop(0) if has_value else True
-        built = TrainSettings(
-            **{
-                key: int(value) if isinstance(value, str) and value.isdigit() else value
-                for key, value in settings.items()
-                if key not in ("density",)
-            }
-        )
+        config = tmp_path / f"{spec.label}.yaml"
+        config.write_text(yaml.safe_dump(settings))  # read as `globaldl train` reads a file
+        built = resolve_settings({}, config, environ={})
         assert str(built.sync_interval) == str(spec.factors["sync_every"])
         assert built.overlap == spec.factors["overlap"]
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from globaldl.compression import CompressionConfig
 from globaldl.exchange import Exchange
 from globaldl.monitoring import NullObserver
 from globaldl.settings import TrainSettings
@@ -32,9 +33,7 @@ COMMON = {
     "epochs": 2,
     "max_steps_per_epoch": 10,
     "sync_every": "4",
-    "prune": "topk",
-    "density": 0.01,
-    "quantize": "int8",
+    "compression": CompressionConfig(prune="topk", density=0.01, quantize="int8"),
 }
 
 

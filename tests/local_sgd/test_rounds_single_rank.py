@@ -16,7 +16,7 @@ import pytest
 from globaldl.monitoring import NullObserver
 from globaldl.settings import TrainSettings
 
-STEPS, ROUND_STEPS = 24, 4
+STEPS, ROUND_STEPS, SEED = 24, 4, 3
 # One round's progress of LeNet at these settings is ~1e-2 (checked below); float rounding of
 # the round ends stays near 1e-7.
 TOLERANCE = 1e-5
@@ -30,9 +30,16 @@ def exchange() -> Any:
 
 
 def _train(exchange: Any, **changes: Any) -> tuple[Any, list[np.ndarray], dict[str, Any]]:
+    from globaldl.compression import CompressionConfig
     from globaldl.trainer import Trainer
 
-    settings = TrainSettings(epochs=1, max_steps_per_epoch=STEPS, seed=3, **changes)
+    settings = TrainSettings(
+        epochs=1,
+        max_steps_per_epoch=STEPS,
+        seed=SEED,
+        compression=CompressionConfig(seed=SEED),
+        **changes,
+    )
     trainer = Trainer(settings, exchange)
     initial = [variable.numpy() for variable in trainer.model.variables]
     summary = trainer.fit(NullObserver())
@@ -82,3 +89,56 @@ def test_a_nan_delta_skips_the_round_and_the_device_restarts_clean(exchange: Any
     assert all(np.isfinite(w).all() for w in moved)
     assert all(np.isfinite(v.numpy()).all() for v in trainer.optimizer.variables())
     assert np.isfinite(summary["history"][-1]["loss"])
+
+
+@pytest.mark.parametrize(
+    ("prune", "quantize", "overlap"),
+    [("powersgd", "none", True), ("shared-topk", "intsum", False)],
+    ids=["powersgd-two-collectives-overlapped", "shared-topk-intsum-in-place"],
+)
+def test_rounds_run_summed_codecs_through_the_site_hierarchy_and_keep_their_shared_state(
+    exchange: Any, tmp_path: Any, prune: str, quantize: str, overlap: bool
+) -> None:
+    """Each round end obeys the codec's WireSpec (PowerSGD: two summed collectives, the second
+    computed from the first's sum) and applies the shared state its exchange decided; with
+    `--hierarchy sites` the sums go through the site path (one site of one device here: the
+    4-rank site sums are proved in tests/integration/test_summed_exchange.py)."""
+    import socket
+
+    from globaldl.compression import CompressionConfig
+
+    site_map = tmp_path / "sites.yaml"
+    site_map.write_text(f"sites:\n  here: [{socket.gethostname()}]\n")
+    compression = CompressionConfig(prune=prune, quantize=quantize, density=0.05, seed=SEED)
+    try:
+        from globaldl.trainer import Trainer
+
+        settings = TrainSettings(
+            epochs=1,
+            max_steps_per_epoch=STEPS,
+            seed=SEED,
+            sync_every=str(ROUND_STEPS),
+            overlap=overlap,
+            compression=compression,
+            hierarchy="sites",
+            sites_file=site_map,
+        )
+        trainer = Trainer(settings, exchange)
+        shared_before = [v.numpy().copy() for v in trainer.compressor.shared_state_variables]
+        assert shared_before, "these codecs keep shared state"
+        summary = trainer.fit(NullObserver())
+    finally:
+        exchange.hierarchy = None  # the module's other runs use the flat exchange
+    rounds = summary["rounds"]["rounds"]
+    assert rounds == STEPS // ROUND_STEPS and summary["rounds"]["rounds_applied_in_order"]
+    spec = trainer.wire_spec
+    assert spec.rounds == (2 if prune == "powersgd" else 1)
+    assert not trainer.rounds.graph.counts_travel  # LeNet: no statistics, rounds by steps
+    assert summary["gradient_bytes_wire"] == rounds * sum(spec.round_bytes)
+    assert summary["exchange"]["hierarchy"] == "sites"
+    assert summary["exchange"]["collectives_per_round"] == spec.rounds
+    shared_after = trainer.compressor.shared_state_variables
+    for before, variable in zip(shared_before, shared_after, strict=True):
+        assert not np.array_equal(before, variable.numpy()), variable.name
+    assert all(np.isfinite(v.numpy()).all() for v in trainer.model.variables)
+    assert summary["weights_identical"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from globaldl.local_sgd.schedule import SyncInterval
@@ -46,9 +48,27 @@ def test_sync_every_comes_from_flags_files_and_the_environment_as_one_value() ->
 )
 def test_combinations_that_make_no_sense_in_rounds_are_refused(changes: dict, message: str) -> None:
     with pytest.raises(SettingsError, match=message):
-        TrainSettings(**changes)
+        resolve_settings(changes, None, environ={})
 
 
 def test_rounds_compose_with_compression_balance_elastic_and_overlap() -> None:
-    TrainSettings(sync_every="16", prune="topk", quantize="int8", overlap=True, elastic=True)
+    flags = {"sync_every": "16", "prune": "topk", "quantize": "int8", "overlap": True}
+    resolve_settings({**flags, "elastic": True}, None, environ={})
     TrainSettings(sync_every="2s", balance="speed", outer_optimizer="nesterov")
+
+
+@pytest.mark.parametrize(
+    ("prune", "quantize"),
+    [("powersgd", "none"), ("shared-topk", "intsum"), ("shared-randomk", "fp16")],
+)
+def test_rounds_take_the_summable_codecs_and_the_site_hierarchy(
+    tmp_path: Path, prune: str, quantize: str
+) -> None:
+    site_map = tmp_path / "sites.yaml"
+    site_map.write_text("sites:\n  a: [10.0.0.2]\n  b: [10.0.0.3]\n")
+    flags = {"sync_every": "16", "overlap": True, "prune": prune, "quantize": quantize}
+    settings = resolve_settings(
+        {**flags, "hierarchy": "sites", "sites_file": str(site_map)}, None, environ={}
+    )
+    assert settings.sync_interval.steps == 16
+    assert (settings.compression.prune, settings.hierarchy) == (prune, "sites")
