@@ -250,6 +250,7 @@ class RunCollectives:
     collectives_outside_steps: tuple[CollectiveCall, ...]
     devices: tuple[str, ...] = ()
     horovod_started_unix_seconds: float | None = None
+    exchanges: int | None = None  # gradient exchanges; None: one per step (rounds: per round)
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> RunCollectives:
@@ -261,6 +262,8 @@ class RunCollectives:
         compression = summary.get("compression") or {}
         combine = exchange.get("combine") or _combine_from_compression(compression)
         traffic = summary.get("traffic") or {}
+        rounds = summary.get("rounds") or {}
+        in_rounds = str(rounds.get("sync_every", "1")) != "1" and "rounds" in rounds
         return cls(
             ranks=int(summary["ranks"]),
             steps=int(summary["steps"]),
@@ -275,6 +278,7 @@ class RunCollectives:
             ),
             devices=tuple(summary.get("devices") or ()),
             horovod_started_unix_seconds=exchange.get("horovod_started_unix_seconds"),
+            exchanges=int(rounds["rounds"]) if in_rounds else None,
         )
 
     @property
@@ -283,20 +287,21 @@ class RunCollectives:
         return tx_bytes_per_wire_byte(self.combine, self.ranks)
 
     def gradient_traffic(self, rank: int) -> RankTraffic:
-        """What `rank` sent for the step's gradients over the run, framing counted."""
-        if self.steps <= 0:
+        """What `rank` sent for the gradients (rounds: the deltas) over the run, framing counted."""
+        exchanges = self.steps if self.exchanges is None else self.exchanges
+        if exchanges <= 0:
             return RankTraffic()
         if self.combine == "sum":
-            per_step = self.gradient_bytes_wire // self.steps
-            one = rank_traffic("allreduce", per_step, self.ranks, rank, self.element_bytes)
-            return one.times(self.steps)
+            per_exchange = self.gradient_bytes_wire // exchanges
+            one = rank_traffic("allreduce", per_exchange, self.ranks, rank, self.element_bytes)
+            return one.times(exchanges)
         # A variable-length payload sends its 4-byte length in an allgather of its own first.
         length_bytes = 4 if self.collectives_per_step > 1 else 0
-        payload_per_step = (self.gradient_bytes_wire - length_bytes * self.steps) // self.steps
-        one = rank_traffic("allgather", payload_per_step, self.ranks, rank)
+        payload_per_exchange = (self.gradient_bytes_wire - length_bytes * exchanges) // exchanges
+        one = rank_traffic("allgather", payload_per_exchange, self.ranks, rank)
         if length_bytes:
             one = one + rank_traffic("allgather", length_bytes, self.ranks, rank)
-        return one.times(self.steps)
+        return one.times(exchanges)
 
     def other_traffic(self, rank: int) -> RankTraffic:
         """What `rank` sent in every collective outside the steps (broadcasts, sums, gathers)."""

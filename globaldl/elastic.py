@@ -156,16 +156,22 @@ class ElasticState(_state_base()):  # type: ignore[misc]
 
     # -------------------------------------------------------------- what is state
     def _shared_variables(self, trainer: Trainer) -> list[tf.Variable]:
+        # In rounds the inner optimizer is each device's own; the weights are shared because
+        # commits happen only at sync points, where every device holds the global weights.
+        inner = optimizer_variables(trainer.optimizer) if trainer.rounds is None else []
+        rounds = trainer.rounds.shared_variables() if trainer.rounds is not None else []
         return [
             *trainer.model.variables,
-            *optimizer_variables(trainer.optimizer),
+            *inner,
             *trainer.compressor.shared_state_variables,
             trainer.step,
             trainer.epoch,
+            *rounds,
         ]
 
     def _local_variables(self, trainer: Trainer) -> list[tf.Variable]:
-        return list(trainer.compressor.local_state_variables)
+        inner = optimizer_variables(trainer.optimizer) if trainer.rounds is not None else []
+        return [*trainer.compressor.local_state_variables, *inner]
 
     def _shared_objects(self) -> dict[str, Any]:
         return {
@@ -199,6 +205,11 @@ class ElasticState(_state_base()):  # type: ignore[misc]
             "step": int(self.trainer.step.numpy()),
         }
 
+    @property
+    def committed_step(self) -> int:
+        """The global step of the last commit."""
+        return int(self._committed["step"])
+
     def restore(self) -> None:
         """A collective failed: undo everything since the last commit."""
         lost = int(self.trainer.step.numpy()) - self._committed["step"]
@@ -218,6 +229,8 @@ class ElasticState(_state_base()):  # type: ignore[misc]
             variable.assign(value)
         self._take_shared_objects(committed["objects"])
         self.epoch_totals = committed["epoch_totals"].copy()
+        if trainer.rounds is not None:
+            trainer.rounds.after_restore(committed["step"], own_state_found=True)
 
     def check_host_updates(self) -> None:
         """Ask the launcher whether hosts changed; raises HostsUpdatedInterrupt if they did."""
@@ -233,6 +246,8 @@ class ElasticState(_state_base()):  # type: ignore[misc]
         """The ring re-formed: rebuild the trainer for the new size and move the state in."""
         old = self.trainer
         self.trainer = Trainer(self.settings, exchange=old.exchange, phase_timing=self.phase_timing)
+        if old.rounds is not None and self.trainer.rounds is not None:
+            self.trainer.rounds.totals = old.rounds.totals  # the run's rounds, not the ring's
         self._load(self.trainer)
         self.sizes.append(self.trainer.size)
         if self.events:
@@ -254,6 +269,8 @@ class ElasticState(_state_base()):  # type: ignore[misc]
             return trainer.exchange.broadcast_object(self._shared_objects(), "elastic_objects")
 
         self._take_shared_objects(_collective_failures_as_horovod_errors(broadcast))
+        if trainer.rounds is not None:
+            trainer.rounds.after_restore(int(trainer.step.numpy()), own_state_found=True)
         if self.events:
             self.events[-1].step = int(trainer.step.numpy())
         self.save()
@@ -291,7 +308,29 @@ class _ElasticLoop:
             self.observer = state.trainer.start_metrics(str(state.run_id))
 
     def __call__(self, state: ElasticState) -> dict[str, Any]:
-        return _collective_failures_as_horovod_errors(lambda: self._train(state))
+        try:
+            return _collective_failures_as_horovod_errors(lambda: self._train(state))
+        except BaseException:
+            # The ring restarts next: no round exchange may still be running in it.
+            if state.trainer.rounds is not None:
+                state.trainer.rounds.abandon()
+            raise
+
+    def _commit_due(self, trainer: Trainer, step: int, committed_step: int) -> bool:
+        """Whether to commit after this step.
+
+        Per step: every `commit_every` steps. In rounds: at the first round end after that
+        many steps since the last commit, with the round in flight applied first (overlap).
+        """
+        rounds = trainer.rounds
+        if rounds is None:
+            return step % self.settings.commit_every == 0
+        if not rounds.after_step(self.observer, self.totals):
+            return False
+        if step - committed_step < self.settings.commit_every:
+            return False
+        rounds.drain(self.observer, self.totals)
+        return True
 
     def _train(self, state: ElasticState) -> dict[str, Any]:
         self._start_exporter(state)
@@ -313,7 +352,7 @@ class _ElasticLoop:
                 step += 1
                 state.note_step_done()
                 state.fraction = (index + 1) / steps_per_epoch
-                if step % settings.commit_every == 0:
+                if self._commit_due(trainer, step, state.committed_step):
                     state.commit()
             last = trainer.end_epoch(
                 state.epoch,
@@ -326,7 +365,8 @@ class _ElasticLoop:
             state.history.append(last.as_dict())
             state.epoch, state.fraction = state.epoch + 1, 0.0
             state.epoch_totals = np.zeros(3)
-            state.commit()
+            if trainer.rounds is None or trainer.rounds.at_sync_point:
+                state.commit()
         if state.history:
             last = EpochResult(**state.history[-1])
         trainer.settings = settings.replace(run_id=state.run_id)

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from globaldl.compression.config import CompressionConfig
+from globaldl.local_sgd.schedule import SyncInterval, refusals
 from globaldl.sites import SiteMapError, load_site_map
 
 ENV_PREFIX = "GLOBALDL_"
@@ -90,6 +91,12 @@ class TrainSettings:
     # Elastic membership (Horovod Elastic): commit the training state every K steps.
     elastic: bool = False
     commit_every: int = 20
+    # Fewer rounds (globaldl/local_sgd): local steps between exchanges of model deltas.
+    sync_every: SyncInterval | str = SyncInterval(steps=1)
+    overlap: bool = False
+    outer_optimizer: str = "sgd"
+    outer_lr: float = 1.0
+    outer_momentum: float | None = None
     # Fault injection, for proving the NaN/Inf path across real ranks.
     inject_nan_step: int | None = None
     inject_nan_rank: int = 0
@@ -109,6 +116,10 @@ class TrainSettings:
                 f"lr_warmup_epochs {self.lr_warmup_epochs} is not allowed; use at most epochs "
                 f"({self.epochs})"
             )
+        try:
+            object.__setattr__(self, "sync_every", SyncInterval.parse(self.sync_every))
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
         if self.model == "resnet":
             _check_choice("depth", self.depth, RESNET_DEPTHS)
         _check_at_least("layers", self.layers, 1)
@@ -187,6 +198,24 @@ class TrainSettings:
                 raise SettingsError(str(error)) from None
         if self.resume and self.checkpoint_dir is None:
             raise SettingsError("resume needs checkpoint_dir: there is nowhere to resume from")
+        reasons = refusals(
+            sync_every=self.sync_interval,
+            overlap=self.overlap,
+            outer_optimizer=self.outer_optimizer,
+            outer_lr=self.outer_lr,
+            outer_momentum=self.outer_momentum,
+            prune=self.compression.prune,
+            weight_sparsity=self.compression.weight_sparsity,
+            elastic=self.elastic,
+        )
+        if reasons:
+            raise SettingsError(reasons[0])
+
+    @property
+    def sync_interval(self) -> SyncInterval:
+        """`sync_every` as parsed (the field holds a SyncInterval after validation)."""
+        assert isinstance(self.sync_every, SyncInterval)
+        return self.sync_every
 
     def metrics_basic_auth(self) -> tuple[str, str] | None:
         """(user, password) from `metrics_basic_auth_file` (one line `user:password`), or None.

@@ -60,18 +60,39 @@ def no_boundary(tensors: Any) -> tuple[Any, tf.Tensor]:
     return tensors, tf.constant(0.0, tf.float64)
 
 
+def forward_backward(
+    parts: StepParts, images: tf.Tensor, labels: tf.Tensor
+) -> tuple[list[tf.Tensor | None], tf.Tensor, tf.Tensor]:
+    """The compute phase: gradients (masked, weighted, maybe poisoned), loss, correct count."""
+    model, variables = parts.model, parts.variables
+    with tf.GradientTape() as tape:
+        logits = model(images, training=True)
+        loss = parts.loss_fn(labels, logits)
+        if model.losses:
+            loss += tf.add_n(model.losses)
+    gradients = parts.compressor.mask_gradients(tape.gradient(loss, variables))
+    weight = parts.gradient_weight
+    if weight != 1.0:
+        # Unequal local batches: weight by sample count so the average stays the mean.
+        gradients = [None if g is None else g * weight for g in gradients]
+    if parts.inject_nan_step is not None:
+        poisoned = tf.logical_and(
+            tf.equal(parts.step, parts.inject_nan_step),
+            tf.constant(parts.rank == parts.inject_nan_rank),
+        )
+        gradients[0] = gradients[0] + tf.where(poisoned, float("nan"), 0.0)
+    correct = tf.reduce_sum(
+        tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float64)
+    )
+    return gradients, loss, correct
+
+
 def build_train_step(parts: StepParts, phase_timing: bool = True) -> Callable[[Any], tf.Tensor]:
     """The training step: takes an iterator, returns phase seconds, loss, correct, bytes, skip."""
-    model, compressor, exchange = parts.model, parts.compressor, parts.exchange
-    variables, optimizer, loss_fn, step = (
-        parts.variables,
-        parts.optimizer,
-        parts.loss_fn,
-        parts.step,
-    )
+    compressor, exchange = parts.compressor, parts.exchange
+    variables, optimizer, step = parts.variables, parts.optimizer, parts.step
     num_ranks = tf.constant(parts.num_ranks, tf.int32)
     boundary = phase_boundary if phase_timing else no_boundary
-    weight = parts.gradient_weight
 
     @tf.function
     def train_step(iterator: Any) -> tf.Tensor:
@@ -80,24 +101,7 @@ def build_train_step(parts: StepParts, phase_timing: bool = True) -> Callable[[A
             images, labels = next(iterator)
         (images, labels), loaded = boundary((images, labels))
 
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = loss_fn(labels, logits)
-            if model.losses:
-                loss += tf.add_n(model.losses)
-        gradients = compressor.mask_gradients(tape.gradient(loss, variables))
-        if weight != 1.0:
-            # Unequal local batches: weight by sample count so the average stays the mean.
-            gradients = [None if g is None else g * weight for g in gradients]
-        if parts.inject_nan_step is not None:
-            poisoned = tf.logical_and(
-                tf.equal(step, parts.inject_nan_step),
-                tf.constant(parts.rank == parts.inject_nan_rank),
-            )
-            gradients[0] = gradients[0] + tf.where(poisoned, float("nan"), 0.0)
-        correct = tf.reduce_sum(
-            tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float64)
-        )
+        gradients, loss, correct = forward_backward(parts, images, labels)
         (gradients, loss, correct), computed = boundary((gradients, loss, correct))
 
         payload, update = compressor.compress(gradients, step.read_value())

@@ -33,6 +33,9 @@ from globaldl.exchange import (
     dense_device_tx_bytes_per_step_model,
     device_tx_bytes_per_step_model,
 )
+from globaldl.local_sgd.engine import RoundEngine, build_round_engine
+from globaldl.local_sgd.local_step import build_local_step
+from globaldl.local_sgd.report import rounds_summary
 from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.pipelines import InputPipeline, make_pipeline
@@ -88,8 +91,13 @@ def _configure_threads(local_size: int) -> None:
     if tf.config.threading.get_intra_op_parallelism_threads() != 0:
         return
     cores = os.cpu_count() or 1
-    tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // max(1, local_size)))
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // max(1, local_size)))
+        tf.config.threading.set_inter_op_parallelism_threads(2)
+    except RuntimeError:
+        # The runtime already started in this process (a trainer built inside a larger
+        # program or a test session): it keeps the pools it started with.
+        log.info("TensorFlow is already running; its thread pools stay as they are")
 
 
 def _make_optimizer(
@@ -184,6 +192,11 @@ class Trainer:
         self.optimizer.build(self.variables)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        # Rounds of local steps (--sync-every > 1); None is the per-step exchange.
+        self.rounds: RoundEngine | None = None
+        if not settings.sync_interval.per_step:
+            self.rounds = build_round_engine(self)
+        shared: dict[str, Any] = {"rounds": self.rounds.checkpoint()} if self.rounds else {}
         self.shared_state = tf.train.Checkpoint(
             model=self.model,
             optimizer=self.optimizer,
@@ -193,14 +206,22 @@ class Trainer:
                 f"compressor_{index}": v
                 for index, v in enumerate(self.compressor.shared_state_variables)
             },
+            **shared,
         )
         self.local_state = tf.train.Checkpoint(
             **{
                 f"compressor_{index}": v
                 for index, v in enumerate(self.compressor.local_state_variables)
-            }
+            },
+            **{f"local_{index}": v for index, v in enumerate(self.own_round_variables())},
         )
         self._train_step = self._build_train_step()
+
+    def own_round_variables(self) -> list[tf.Variable]:
+        """In rounds, what differs between devices inside a round: weights, inner optimizer."""
+        if self.rounds is None:
+            return []
+        return [*self.model.variables, *optimizer_variables(self.optimizer)]
 
     # ----------------------------------------------------------------- input and balance
     def _make_pipeline(self, rank_batch_sizes: tuple[int, ...] | None) -> InputPipeline:
@@ -265,7 +286,10 @@ class Trainer:
 
     # ----------------------------------------------------------------- the step
     def _build_train_step(self) -> Callable[[Any], tf.Tensor]:
-        return build_train_step(
+        # In rounds, the sample weight applies to the round's delta, not to every gradient.
+        weight = gradient_weight(self.rank_batch_sizes, self.rank) if self.rounds is None else 1.0
+        build = build_train_step if self.rounds is None else build_local_step
+        return build(
             StepParts(
                 model=self.model,
                 variables=self.variables,
@@ -276,7 +300,7 @@ class Trainer:
                 step=self.step,
                 num_ranks=self.size,
                 rank=self.rank,
-                gradient_weight=gradient_weight(self.rank_batch_sizes, self.rank),
+                gradient_weight=weight,
                 inject_nan_step=self.settings.inject_nan_step,
                 inject_nan_rank=self.settings.inject_nan_rank,
             ),
@@ -317,29 +341,44 @@ class Trainer:
             *self.compressor.shared_state_variables,
             self.step,
             self.epoch,
+            *(self.rounds.shared_variables() if self.rounds else []),
         ]
         self.exchange.broadcast_variables(shared, root_rank=0)
 
-    def _restore(self) -> int:
-        """Load the newest good checkpoint on rank 0 and broadcast it; return its epoch."""
+    def _start(self) -> int:
+        """Every rank takes rank 0's state: fresh, or the newest good checkpoint's (--resume).
+
+        The shared part comes from rank 0 (restored there, then broadcast); each rank's own
+        part (compression residuals; in rounds, its weights and inner optimizer) from its own
+        checkpoint, after the broadcast. Returns the epoch to continue from.
+        """
         directory = self.settings.checkpoint_dir
-        assert directory is not None
-        found = checkpoint.latest_good(directory) if self.rank == 0 else None
-        epoch = -1 if found is None else found[0]
-        if self.rank == 0 and epoch >= 0:
-            checkpoint.restore(directory, epoch, self.shared_state)
-        epoch = int(self.exchange.broadcast_value(tf.constant(epoch, tf.int64), "resume_epoch"))
-        if epoch < 0:
-            if self.rank == 0:
+        epoch = -1
+        if self.settings.resume:
+            assert directory is not None
+            found = checkpoint.latest_good(directory) if self.rank == 0 else None
+            epoch = -1 if found is None else found[0]
+            if self.rank == 0 and epoch >= 0:
+                checkpoint.restore(directory, epoch, self.shared_state)
+            epoch = int(self.exchange.broadcast_value(tf.constant(epoch, tf.int64), "resume_epoch"))
+            if epoch < 0 and self.rank == 0:
                 log.warning("no usable checkpoint in %s; starting from scratch", directory)
+        self._broadcast_shared_state()
+        if epoch < 0:
+            if self.rounds is not None:
+                self.rounds.start()
             return 0
-        local_dir = checkpoint.rank_dir(directory, self.rank)
+        assert directory is not None
+        own_state_found = True
         try:
-            checkpoint.restore(local_dir, epoch, self.local_state)
+            checkpoint.restore(checkpoint.rank_dir(directory, self.rank), epoch, self.local_state)
         except checkpoint.CheckpointError as error:
             # A device that never held this rank (or lost its disk) starts its residuals at
             # zero: what it had not yet sent is lost, which error feedback tolerates.
-            log.warning("rank %d: %s; its compression state starts empty", self.rank, error)
+            log.warning("rank %d: %s; its own state starts afresh", self.rank, error)
+            own_state_found = False
+        if self.rounds is not None:
+            self.rounds.after_restore(int(self.step.numpy()), own_state_found)
         return epoch
 
     def _save(self, epoch: int) -> None:
@@ -347,7 +386,7 @@ class Trainer:
         assert directory is not None
         self.epoch.assign(epoch)
         metadata = {"step": int(self.step.numpy()), "ranks": self.size}
-        if self.compressor.local_state_variables:
+        if self.compressor.local_state_variables or self.rounds is not None:
             checkpoint.save(
                 checkpoint.rank_dir(directory, self.rank), epoch, self.local_state, metadata
             )
@@ -356,6 +395,13 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def _validate(self) -> tuple[float, float, float]:
+        if self.rounds is not None:
+            # In rounds the model of record is the global one, identical on every device.
+            with self.rounds.global_weights():
+                return self._validate_model()
+        return self._validate_model()
+
+    def _validate_model(self) -> tuple[float, float, float]:
         totals = tf.zeros([3], tf.float64)
         for images, labels in self.pipeline.validation_batches():
             totals += self._validation_step(images, labels)
@@ -365,8 +411,11 @@ class Trainer:
         """Train for the configured epochs; return the run summary (rank 0's view)."""
         settings = self.settings
         started = time.perf_counter()
-        first_epoch = self._restore() if settings.resume else 0
-        self._broadcast_shared_state()
+        first_epoch = self._start()
+        if self.rounds is not None:
+            from globaldl.local_sgd.loop import fit_in_rounds
+
+            return fit_in_rounds(self, observer, first_epoch, started)
         totals = RunTotals()
         history: list[dict[str, Any]] = []
         last = EpochResult(first_epoch, float("nan"), 0.0, float("nan"), 0.0, 0.0, 0.0)
@@ -439,10 +488,17 @@ class Trainer:
         `steps` is the number of steps this process ran in the epoch (all of them, or the
         part after an elastic restart), for the throughput.
         """
+        if self.rounds is not None:
+            self.rounds.drain(observer, totals)  # validation sees every finished round
         train_seconds = time.perf_counter() - epoch_started
         train_sum = self.exchange.sum_across_ranks(tf.constant(epoch_totals), "train_totals")
         train_sum = train_sum.numpy()
         self.synchronise_local_statistics()
+        # The checkpoint before the last round end: a resumed run continues mid-round.
+        if self.settings.checkpoint_dir is not None:
+            self._save(epoch + 1)
+        if self.rounds is not None and epoch + 1 == self.settings.epochs:
+            self.rounds.finish(observer, totals)
         val_loss_sum, val_correct, val_count = self._validate()
         result = EpochResult(
             epoch=epoch + 1,
@@ -454,8 +510,6 @@ class Trainer:
             examples_per_second=(steps * self.global_batch_size / max(train_seconds, 1e-9)),
         )
         observer.observe_epoch(result.epoch, result.val_loss, result.val_accuracy)
-        if self.settings.checkpoint_dir is not None:
-            self._save(result.epoch)
         if self.rank == 0:
             self._print_progress(result, totals)
         return result
@@ -515,16 +569,29 @@ class Trainer:
         )
 
     def _exchange_summary(self) -> dict[str, Any]:
-        """Which collective ran, read from the compressor's wire declaration."""
-        return {
+        """Which collective ran, read from the compressor's wire declaration.
+
+        In rounds (`--sync-every` > 1) `collectives_per_step` counts one exchange's payload
+        collectives, which run once per round, not once per local step;
+        `collectives_per_round` adds the small allreduce of sample counts when it travels.
+        """
+        payload_collectives = collectives_per_step(self.wire_spec, self.exchange.hierarchy)
+        fields: dict[str, Any] = {
             "combine": self.wire_spec.combine.value,
-            "collectives_per_step": collectives_per_step(self.wire_spec, self.exchange.hierarchy),
+            "collectives_per_step": payload_collectives,
             "hierarchy": self.settings.hierarchy,
             "horovod_started_unix_seconds": self.exchange.started_unix_seconds,
         }
+        if self.rounds is not None:
+            counts = 1 if self.rounds.graph.counts_travel else 0
+            fields["collectives_per_round"] = payload_collectives + counts
+        return fields
 
     def _traffic_summary(self, totals: RunTotals) -> dict[str, Any]:
-        """Per-device bytes per step by the collectives' algorithms, against dense fp32."""
+        """Per-device bytes per step by the collectives' algorithms, against dense fp32.
+
+        In rounds a step's bytes are the rounds' bytes spread over the local steps.
+        """
         payload_bytes = totals.gradient_bytes_wire / max(totals.steps, 1)
         modelled = device_tx_bytes_per_step_model(
             self.wire_spec, self.size, payload_bytes, self.exchange.hierarchy
@@ -591,6 +658,17 @@ class Trainer:
             "compression": settings.compression.get_config(),
             "exchange": self._exchange_summary(),
             "traffic": self._traffic_summary(totals),
+            "rounds": rounds_summary(
+                sync_every=settings.sync_interval,
+                phase_seconds=totals.phase_seconds,
+                steps=totals.steps,
+                skipped_steps=totals.skipped_steps,
+                examples=totals.steps * self.batch_size,
+                gradient_bytes_wire=totals.gradient_bytes_wire,
+                raw_bytes_per_step=self.compressor.raw_bytes_per_step,
+                batch_size=self.batch_size,
+                engine_fields=self.rounds.summary() if self.rounds else None,
+            ),
             "resumed_from_epoch": first_epoch if settings.resume else None,
             "devices": devices,
             "weight_digests": digests,

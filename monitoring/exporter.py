@@ -45,6 +45,19 @@ class PrometheusExporter:
             phase_seconds, examples, gradient_bytes_raw, gradient_bytes_wire, loss, skipped=skipped
         )
 
+    def observe_round(
+        self,
+        phase_seconds: Mapping[str, float],
+        gradient_bytes_raw: int,
+        gradient_bytes_wire: int,
+        rounds: int = 1,
+        skipped: bool = False,
+    ) -> None:
+        """Record a round's end (see TrainingMetrics.observe_round)."""
+        self.metrics.observe_round(
+            phase_seconds, gradient_bytes_raw, gradient_bytes_wire, rounds=rounds, skipped=skipped
+        )
+
     def observe_epoch(self, epoch: int, val_loss: float, val_accuracy: float) -> None:
         """Record the validation that closed `epoch`."""
         self.metrics.observe_epoch(epoch, val_loss, val_accuracy)

@@ -86,6 +86,8 @@ class TrainingMetrics:
             registry=registry,
         )
         self._phase_seconds = {phase: phase_seconds.labels(*labels, phase) for phase in PHASES}
+        # A round end's seconds, reported with the step that follows it (see observe_round).
+        self._round_seconds = dict.fromkeys(PHASES, 0.0)
         self._step_seconds = Histogram(
             "globaldl_step_seconds",
             "Seconds of one training step: the sum of its phases.",
@@ -102,6 +104,19 @@ class TrainingMetrics:
         self._skipped_steps = Counter(
             "globaldl_skipped_steps_total",
             "Training steps whose update was skipped (non-finite gradients on some rank).",
+            LABEL_NAMES,
+            registry=registry,
+        ).labels(*labels)
+        self._rounds = Counter(
+            "globaldl_rounds_total",
+            "Rounds of local steps whose model-delta exchange completed (--sync-every > 1), "
+            "skipped ones included.",
+            LABEL_NAMES,
+            registry=registry,
+        ).labels(*labels)
+        self._skipped_rounds = Counter(
+            "globaldl_skipped_rounds_total",
+            "Rounds skipped on every rank because some rank's model delta was not finite.",
             LABEL_NAMES,
             registry=registry,
         ).labels(*labels)
@@ -180,6 +195,9 @@ class TrainingMetrics:
         Raises ValueError naming an unknown phase, a negative duration or a negative count.
         """
         seconds = check_phase_seconds(phase_seconds)
+        for phase, round_seconds in self._round_seconds.items():
+            seconds[phase] += round_seconds
+        self._round_seconds = dict.fromkeys(PHASES, 0.0)
         _check_count("examples", examples)
         _check_count("gradient_bytes_raw", gradient_bytes_raw)
         _check_count("gradient_bytes_wire", gradient_bytes_wire)
@@ -198,11 +216,41 @@ class TrainingMetrics:
         self._loss_child.set(float(loss))
         self._last_step_time_child.set(time.time())
 
+    def observe_round(
+        self,
+        phase_seconds: Mapping[str, float],
+        gradient_bytes_raw: int,
+        gradient_bytes_wire: int,
+        rounds: int = 1,
+        skipped: bool = False,
+    ) -> None:
+        """Record a round's end: the loop's seconds in the sync phases and the round's bytes.
+
+        The seconds are added to the next step's observation (that step waited for them), so
+        the phase histograms keep one observation per step and their sums count the sync
+        against the local compute; an epoch's end flushes what no step followed.
+        """
+        seconds = check_phase_seconds(phase_seconds)
+        _check_count("rounds", rounds)
+        _check_count("gradient_bytes_raw", gradient_bytes_raw)
+        _check_count("gradient_bytes_wire", gradient_bytes_wire)
+        for phase, phase_seconds_value in seconds.items():
+            self._round_seconds[phase] += phase_seconds_value
+        self._rounds.inc(rounds)
+        if skipped:
+            self._skipped_rounds.inc()
+        self._gradient_bytes_raw.inc(gradient_bytes_raw)
+        self._gradient_bytes_wire.inc(gradient_bytes_wire)
+
     def observe_epoch(self, epoch: int, val_loss: float, val_accuracy: float) -> None:
         """Record the validation that closed `epoch` (accuracy between 0 and 1)."""
         _check_count("epoch", epoch)
         if not math.isnan(val_accuracy) and not 0.0 <= val_accuracy <= 1.0:
             raise ValueError(f"val_accuracy is {val_accuracy!r}; expected a value from 0 to 1")
+        if any(self._round_seconds.values()):
+            for phase, round_seconds in self._round_seconds.items():
+                self._phase_seconds[phase].observe(round_seconds)
+            self._round_seconds = dict.fromkeys(PHASES, 0.0)
         self._epoch.set(epoch)
         self._validation_loss.labels(*self.label_values).set(float(val_loss))
         self._validation_accuracy.labels(*self.label_values).set(float(val_accuracy))

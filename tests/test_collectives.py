@@ -6,6 +6,7 @@ from globaldl.collectives import (
     GLOO_PREAMBLE_BYTES,
     CollectiveLedger,
     RankTraffic,
+    RunCollectives,
     calls_from_dicts,
     rank_traffic,
     ring_allgather,
@@ -107,3 +108,19 @@ def test_the_ledger_groups_calls_by_kind_and_size_and_round_trips() -> None:
     assert calls_from_dicts([c.to_dict() for c in calls]) == calls
     # Three broadcasts from rank 0 on 4 ranks: the root sends each to two children.
     assert calls[1].traffic(4, 0).payload_bytes == 3 * 2 * 400
+
+
+def test_a_run_in_rounds_gathers_once_per_round_not_once_per_local_step() -> None:
+    # 16 local steps in rounds of 4: four exchanges of 996 payload bytes + a 4-byte length.
+    summary = {
+        "ranks": 4,
+        "steps": 16,
+        "gradient_bytes_wire": 4 * 1_000,
+        "exchange": {"combine": "gather", "collectives_per_step": 2, "hierarchy": "none"},
+        "rounds": {"sync_every": "4", "rounds": 4},
+    }
+    run = RunCollectives.from_summary(summary)
+    one_round = rank_traffic("allgather", 996, 4, 0) + rank_traffic("allgather", 4, 4, 0)
+    assert run.gradient_traffic(0) == one_round.times(4)
+    per_step = RunCollectives.from_summary({**summary, "rounds": {"sync_every": "1"}})
+    assert per_step.gradient_traffic(0) != run.gradient_traffic(0)

@@ -11,6 +11,7 @@ from typer.core import TyperCommand
 from globaldl.cli.errors import user_errors
 from globaldl.cli.quiet import quiet_native_start
 from globaldl.compression.config import PRUNE_NAMES, QUANTIZE_NAMES
+from globaldl.local_sgd.schedule import OUTER_OPTIMIZER_NAMES
 from globaldl.settings import (
     BALANCE_NAMES,
     BATCH_NORM_NAMES,
@@ -236,6 +237,37 @@ def train(
             help="Elastic: commit the training state every K steps; a failure loses "
             "at most K steps (default: 20)."
         ),
+    ] = None,
+    sync_every: Annotated[
+        str | None,
+        typer.Option(
+            help="Local steps per round (16), or a wall-clock budget per round (2s); each round "
+            "ends with one exchange of the compressed model delta (default: 1, the per-step "
+            "gradient exchange)."
+        ),
+    ] = None,
+    overlap: Annotated[
+        bool | None,
+        typer.Option(
+            "--overlap/--no-overlap",
+            help="Exchange round t while round t+1 computes; apply it one round late "
+            "(default: off).",
+        ),
+    ] = None,
+    outer_optimizer: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Optimizer applying the averaged round delta: {_choices(OUTER_OPTIMIZER_NAMES)} "
+            "(DiLoCo: nesterov; default: sgd).",
+        ),
+    ] = None,
+    outer_lr: Annotated[
+        float | None,
+        typer.Option(help="Outer learning rate; sgd at 1.0 is plain model averaging (default: 1)."),
+    ] = None,
+    outer_momentum: Annotated[
+        float | None,
+        typer.Option(help="Outer momentum (default: 0.9 for nesterov, 0 for sgd)."),
     ] = None,
     inject_nan_step: Annotated[
         int | None,

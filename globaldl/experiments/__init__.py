@@ -18,6 +18,7 @@ from globaldl.experiments.experiment import (
 from globaldl.experiments.learning import LearningExperiment, LearningWorkload
 from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
+from globaldl.experiments.rounds import RoundsExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
 from globaldl.experiments.scaling import ScalingExperiment
 from globaldl.experiments.spec import FleetConfig, RunSpec, Workload
@@ -29,6 +30,7 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "bottleneck": BottleneckExperiment,
     "recovery": RecoveryExperiment,
     "balance": BalanceExperiment,
+    "rounds": RoundsExperiment,
     "scaling": ScalingExperiment,
     "learning": LearningExperiment,
 }
@@ -61,6 +63,7 @@ __all__ = [
     "LearningWorkload",
     "RecoveryExperiment",
     "ResourcesExperiment",
+    "RoundsExperiment",
     "RunResult",
     "RunSpec",
     "ScalingExperiment",

@@ -33,9 +33,13 @@ ALL_PLANS = [
 
 def _settings(spec: RunSpec, tmp_path: Path):
     """The TrainSettings `globaldl train` would build from the run's arguments."""
-    args = list(spec.train_args)
-    assert len(args) % 2 == 0, args
-    config = {args[i].removeprefix("--"): args[i + 1] for i in range(0, len(args), 2)}
+    args, config = list(spec.train_args), {}
+    while args:
+        name = args.pop(0).removeprefix("--")
+        if args and not args[0].startswith("--"):
+            config[name] = args.pop(0)
+        else:  # a switch such as --overlap
+            config[name] = True
     if spec.fleet.sites is not None:  # `fleet run` passes the fleet's site map
         site_map = tmp_path / "sites.yaml"
         site_map.write_text("sites:\n  site-1: [10.0.0.2]\n")

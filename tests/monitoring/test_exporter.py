@@ -361,3 +361,26 @@ def test_exporter_and_null_observer_both_satisfy_the_trainer_contract(exporter):
     null.observe_step(STEP, 32, 1000, 100, 0.5, skipped=True)
     null.observe_epoch(1, 0.1, 0.9)
     null.close()
+
+
+def test_rounds_are_counted_and_their_sync_seconds_ride_on_the_next_step(exporter):
+    sync = {"compress": 0.01, "exchange": 0.5, "apply": 0.02}
+    exporter.observe_step(STEP, 32, 0, 0, loss=1.0)
+    exporter.observe_round(sync, 1000, 10, rounds=1)
+    exporter.observe_round(sync, 1000, 10, rounds=0, skipped=False)  # overlap: none completed
+    exporter.observe_step(STEP, 32, 0, 0, loss=1.0)
+    exporter.observe_round(sync, 1000, 10, rounds=1, skipped=True)
+    exporter.observe_epoch(1, val_loss=0.3, val_accuracy=0.5)  # flushes the last round's seconds
+    scraped = samples(scrape(exporter.url))
+    assert value(scraped, "globaldl_rounds_total") == 2
+    assert value(scraped, "globaldl_skipped_rounds_total") == 1
+    assert value(scraped, "globaldl_steps_total") == 2
+    assert value(scraped, "globaldl_gradient_bytes_total", kind="wire") == 30
+    # Two steps and one flush: the histogram's count stays per step (plus the epoch's flush),
+    # its sum holds all three round ends.
+    assert value(scraped, "globaldl_step_phase_seconds_count", phase="exchange") == 3
+    assert value(scraped, "globaldl_step_phase_seconds_sum", phase="exchange") == pytest.approx(
+        2 * STEP["exchange"] + 3 * sync["exchange"]
+    )
+    null = NullObserver()
+    null.observe_round(sync, 1000, 10)

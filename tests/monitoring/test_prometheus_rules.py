@@ -40,7 +40,7 @@ def test_rules_pass_promtool_check_rules():
     assert RULE_FILES
     checked = promtool("check", "rules", *map(str, RULE_FILES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 13 rules found" in checked.stdout
+    assert "SUCCESS: 14 rules found" in checked.stdout
 
 
 def test_rule_unit_tests_pass_promtool_test_rules():

@@ -21,6 +21,7 @@ from globaldl.cli.experiment import (
     recovery,
     report,
     resources,
+    rounds,
     scaling,
 )
 from globaldl.cli.experiment.options import parse_cycle_time, parse_int_list
@@ -41,6 +42,7 @@ app.command(name="ablation")(ablation.ablation)
 app.command(name="bottleneck")(bottleneck.bottleneck)
 app.command(name="recovery")(recovery.recovery)
 app.command(name="balance")(balance.balance)
+app.command(name="rounds")(rounds.rounds)
 app.command(name="scaling")(scaling.scaling)
 app.command(name="learning")(learning.learning)
 app.command(name="all")(all_experiments.all_experiments)

@@ -22,7 +22,7 @@ def all_experiments(
         Path, typer.Option(help="Results root; each experiment writes into OUT/NAME.")
     ] = DEFAULT_RESULTS_DIR,
 ) -> None:
-    """Run every experiment in turn (devices ... balance); OUT/targets.md lists every goal."""
+    """Run every experiment in turn (devices ... rounds); OUT/targets.md lists every goal."""
     from globaldl.experiments import EXPERIMENTS
 
     reports: list[ExperimentReport | None] = []

@@ -17,7 +17,8 @@ def report(
     name: Annotated[
         str,
         typer.Argument(
-            help="devices, resources, ablation, bottleneck, recovery, balance, scaling or learning."
+            help="devices, resources, ablation, bottleneck, recovery, balance, scaling, learning "
+            "or rounds."
         ),
     ],
     quick: Annotated[bool, typer.Option("--quick", help="Use the quick plan's settings.")] = False,
