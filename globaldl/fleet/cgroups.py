@@ -12,6 +12,13 @@ CPU_PERIOD_MICROSECONDS = 100_000
 # The kernel refuses cfs quotas below 1 ms.
 MIN_CPU_QUOTA_MICROSECONDS = 1_000
 CONTROLLERS = ("cpu", "memory")
+# User-space link emulation (vde_switch, wirefilter) runs in `<prefix>-fleet/emulation`, never in
+# a device's group: its CPU is the network's, counted apart (cpuacct) and outside device quotas.
+EMULATION_GROUP = "emulation"
+EMULATION_CONTROLLERS = ("cpu", "cpuacct", "memory")
+# Forwarding stands for the network, which on real devices costs them no CPU: weigh it far above
+# any device group (1024 each) so that a busy fleet does not delay its own packets. No quota.
+EMULATION_CPU_SHARES = 16384
 
 
 def cgroup_v1_mount(controller: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> Path:
@@ -50,6 +57,16 @@ def set_cpu_limit(group: Path, cpu_cores: float) -> None:
     """Hold the group's processes to `cpu_cores` cores in every 100 ms period."""
     (group / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_MICROSECONDS))
     (group / "cpu.cfs_quota_us").write_text(str(cpu_quota_microseconds(cpu_cores)))
+
+
+def set_cpu_shares(group: Path, shares: int) -> None:
+    """Weigh the group against its siblings when the CPU is contended (cgroup v1 cpu.shares)."""
+    (group / "cpu.shares").write_text(str(shares))
+
+
+def cpu_usage_seconds(cpuacct_group: Path) -> float:
+    """CPU time the group's processes (and their children) used so far, from cpuacct.usage."""
+    return int((cpuacct_group / "cpuacct.usage").read_text()) / 1e9
 
 
 def set_memory_limit(group: Path, memory_bytes: int) -> None:

@@ -7,7 +7,6 @@ import functools
 import ipaddress
 import json
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -15,13 +14,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from globaldl.fleet import cgroups, sshd
-from globaldl.fleet.plan import DeviceSpec, FleetPlan
-from globaldl.fleet.shaping import LinkDirection, apply_shaping, probe_netem, read_qdiscs
-from globaldl.fleet.state import DEFAULT_STATE_DIR, DeviceState, FleetState
-from globaldl.fleet.system import CommandError, is_same_process, kill_processes, run
+from globaldl.fleet import cgroups, sshd, vde
+from globaldl.fleet.links import DEVICE_INTERFACE, create_link, device_link, site_link
+from globaldl.fleet.plan import DeviceSpec, FleetPlan, SiteSpec
+from globaldl.fleet.profiles import LinkProfile
+from globaldl.fleet.shaping import read_qdiscs
+from globaldl.fleet.sites import write_site_map
+from globaldl.fleet.state import DEFAULT_STATE_DIR, DeviceState, FleetState, SiteState
+from globaldl.fleet.system import kill_processes, run
+from globaldl.fleet.teardown import device_pids, emulation_pids, sshd_alive, teardown
 
-DEVICE_INTERFACE = "eth0"
 LOCK_TIMEOUT_SECONDS = 120.0
 Log = Callable[[str], None]
 _Params = ParamSpec("_Params")
@@ -35,8 +37,8 @@ class FleetError(RuntimeError):
     """The system refused a fleet operation (after any rollback has run)."""
 
 
-class NetemUnavailableError(ValueError):
-    """A profile needs latency or loss emulation, and this kernel has no tc netem."""
+class LinkEmulationUnavailableError(ValueError):
+    """A profile asks for delay, jitter or loss, and this machine cannot emulate them."""
 
 
 def _quiet(_: str) -> None:
@@ -59,10 +61,13 @@ def _serialised(method: Callable[_Params, _Result]) -> Callable[_Params, _Result
 class Fleet:
     """One emulated fleet, identified by its state directory.
 
-    Each device is a network namespace named after it, joined to a bridge by a veth pair
-    (`eth0` inside); its uplink is shaped on `eth0`, its downlink on the host end of the pair.
-    Its processes are held to a CPU quota and memory limit (cgroup v1), and it runs its own
-    sshd with its own host name so horovodrun reaches it as it reaches a real host.
+    Each device is a network namespace named after it, joined to a bridge by its access link
+    (`eth0` inside; globaldl/fleet/links.py): a veth pair, or a vde2 chain where the profile
+    adds delay, jitter or loss. Its uplink is shaped on `eth0`, its downlink on the bridge end.
+    With sites, a device's bridge is its site's LAN, joined to the core bridge by the site's
+    shared WAN link. Each device's processes are held to a CPU quota and memory limit (cgroup
+    v1), and it runs its own sshd with its own host name so horovodrun reaches it as it reaches
+    a real host.
 
     Example:
         >>> fleet = Fleet(Path("/run/globaldl-fleet"))
@@ -137,7 +142,8 @@ class Fleet:
         for controller in cgroups.CONTROLLERS:
             cgroups.cgroup_v1_mount(controller)
         _check_subnet_is_free(plan.subnet)
-        netem_available = self._check_netem(plan, latency, log)
+        emulator_available, emulator = self._check_link_emulation(plan, latency, log)
+        emulate = emulator_available and latency != "off"
 
         state_dir_existed = self.state_dir.exists()
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -148,17 +154,18 @@ class Fleet:
             host_address=plan.host_address,
             state_dir=str(self.state_dir),
             identity_file=str(self.identity_file),
-            netem_available=netem_available,
-            latency_emulated=netem_available and any(d.profile.needs_netem for d in plan.devices),
+            emulator=emulator,
+            emulator_available=emulator_available,
+            latency_emulated=emulate and any(profile.impaired for profile in _profiles(plan)),
         )
         state.save()
         try:
             if not state_dir_existed:
                 state.record("directory", path=str(self.state_dir), remove="tree")
-            self._create(state, plan, log)
+            self._create(state, plan, emulate, log)
         except BaseException as error:
             log(f"fleet up failed ({error}); rolling back")
-            leftovers = self._teardown(state, log)
+            leftovers = teardown(state, log)
             message = f"fleet up failed: {error}"
             message += (
                 f"; rollback could not remove: {leftovers}"
@@ -170,40 +177,38 @@ class Fleet:
             raise FleetError(message) from error
         return state
 
-    def _check_netem(self, plan: FleetPlan, latency: str, log: Log) -> bool:
-        """Decide whether the profiles' latency, jitter and loss are emulated.
+    def _check_link_emulation(self, plan: FleetPlan, latency: str, log: Log) -> tuple[bool, str]:
+        """Decide whether the profiles' delay, jitter and loss are emulated.
 
-        `auto` emulates them where the kernel has netem and otherwise shapes rates only, saying
-        so loudly (and `status` keeps saying so); `require` refuses to run without netem;
-        `off` shapes rates only.
+        `auto` emulates them where vde2 is installed and otherwise shapes rates only, saying so
+        loudly (and `status` keeps saying so); `require` refuses to run without emulation;
+        `off` shapes rates only. Returns (available, what emulates or why nothing can).
         """
         if latency not in LATENCY_MODES:
             raise ValueError(f"latency {latency!r} is not one of: {', '.join(LATENCY_MODES)}")
-        needing = sorted({d.profile.name for d in plan.devices if d.profile.needs_netem})
-        if not needing or latency == "off":
-            return False
-        probe = probe_netem()
-        if probe.available:
-            return True
+        available, detail = vde.availability()
+        needing = sorted({p.name for p in _profiles(plan) if p.impaired})
+        if not needing or latency == "off" or available:
+            return available, detail
         if latency == "require":
-            raise NetemUnavailableError(
-                f"profile(s) {', '.join(needing)} need latency/jitter/loss emulation, but tc netem "
-                f"is unavailable on this kernel ({probe.detail}). Use --latency auto or off to "
-                "shape the RATES ONLY (latency, jitter and loss will NOT be emulated), a profile "
-                "without latency (e.g. custom:UP:DOWN), or a kernel with sch_netem "
-                "(modprobe sch_netem)."
+            raise LinkEmulationUnavailableError(
+                f"profile(s) {', '.join(needing)} need delay/jitter/loss emulation, but it is "
+                f"unavailable here: {detail}. Use --latency auto or off to shape the RATES ONLY "
+                "(delay, jitter and loss will NOT be emulated), or a profile without delay "
+                "(e.g. custom:UP:DOWN)."
             )
         log(
-            f"WARNING: tc netem is unavailable on this kernel ({probe.detail}): shaping RATES "
-            f"ONLY. Latency, jitter and loss of {', '.join(needing)} are NOT emulated "
-            "(--latency require refuses instead)."
+            f"WARNING: link emulation is unavailable ({detail}): shaping RATES ONLY. Delay, "
+            f"jitter and loss of {', '.join(needing)} are NOT emulated (--latency require "
+            "refuses instead)."
         )
-        return False
+        return available, detail
 
-    def _create(self, state: FleetState, plan: FleetPlan, log: Log) -> None:
+    def _create(self, state: FleetState, plan: FleetPlan, emulate: bool, log: Log) -> None:
         ssh_dir = self.state_dir / "ssh"
         devices_dir = self.state_dir / "devices"
-        for directory in (ssh_dir, devices_dir):
+        links_dir = self.state_dir / "links"
+        for directory in (ssh_dir, devices_dir, links_dir):
             if not directory.exists():
                 directory.mkdir(mode=0o700)
                 state.record("directory", path=str(directory), remove="tree")
@@ -231,17 +236,40 @@ class Fleet:
         run(["ip", "link", "set", plan.bridge, "up"])
 
         group_parent = f"{plan.prefix}-fleet"
-        for controller in cgroups.CONTROLLERS:
+        for controller in cgroups.EMULATION_CONTROLLERS:
             path = cgroups.create_group(controller, group_parent)
             state.record("cgroup", path=str(path))
+        emulation_groups = []
+        for controller in cgroups.EMULATION_CONTROLLERS:
+            path = cgroups.create_group(controller, f"{group_parent}/{cgroups.EMULATION_GROUP}")
+            state.record("cgroup", path=str(path))
+            emulation_groups.append(str(path))
+        cgroups.set_cpu_shares(Path(emulation_groups[0]), cgroups.EMULATION_CPU_SHARES)
 
+        def build(link: Any) -> str:
+            return create_link(
+                link, state, emulate=emulate, work_dir=links_dir, groups=emulation_groups
+            )
+
+        for site in plan.sites:
+            log(f"creating site {site.name} ({site.bridge}, wan {site.wan.name})")
+            state.sites.append(self._create_site(state, plan, site, build))
+            state.save()
         for spec in plan.devices:
             log(f"creating {spec.name} ({spec.address}, {spec.profile.name})")
             device = self._create_device(
-                state, plan, spec, group_parent, devices_dir / spec.name, authorized_keys
+                state, plan, spec, group_parent, devices_dir / spec.name, authorized_keys, build
             )
             state.devices.append(device)
             state.save()
+        if state.sites:
+            write_site_map(
+                self.state_dir / "sites.yaml",
+                {
+                    site.name: [state.device(name).address for name in site.devices]
+                    for site in state.sites
+                },
+            )
         for device in state.devices:
             sshd.wait_for_login(device.address, self.identity_file, device.name)
             device.status = "up"
@@ -256,28 +284,13 @@ class Fleet:
         group_parent: str,
         device_dir: Path,
         authorized_keys: Path,
+        build_link: Callable[[Any], str],
     ) -> DeviceState:
         netns = spec.name
         run(["ip", "netns", "add", netns])
         state.record("netns", name=netns)
         run(["ip", "-n", netns, "link", "set", "lo", "up"])
-        run(
-            [
-                "ip",
-                "link",
-                "add",
-                spec.host_interface,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                DEVICE_INTERFACE,
-                "netns",
-                netns,
-            ]
-        )
-        state.record("link", name=spec.host_interface)
-        run(["ip", "link", "set", spec.host_interface, "master", plan.bridge, "up"])
+        link_kind = build_link(device_link(plan, spec))
         run(
             [
                 "ip",
@@ -290,11 +303,9 @@ class Fleet:
                 DEVICE_INTERFACE,
             ]
         )
-        run(["ip", "-n", netns, "link", "set", DEVICE_INTERFACE, "up"])
         # The host is the device's gateway, so horovodrun's driver is reachable on any of the
         # host's addresses. The fleet never enables forwarding or NAT: nothing leaves the machine.
         run(["ip", "-n", netns, "route", "add", "default", "via", plan.host_address])
-        _shape(spec, netns, state.netem_available)
 
         etc_dir = Path("/etc/netns") / netns
         etc_dir.mkdir(mode=0o755)
@@ -335,9 +346,28 @@ class Fleet:
             cpu_group=str(cpu_group),
             memory_group=str(memory_group),
             host_key_public=host_key_public,
+            site=spec.site,
+            link=link_kind,
         )
         self._start_sshd(device)
         return device
+
+    def _create_site(
+        self, state: FleetState, plan: FleetPlan, site: SiteSpec, build_link: Callable[[Any], str]
+    ) -> SiteState:
+        run(["ip", "link", "add", site.bridge, "type", "bridge"])
+        state.record("bridge", name=site.bridge)
+        run(["ip", "link", "set", site.bridge, "up"])
+        link_kind = build_link(site_link(plan, site))
+        return SiteState(
+            name=site.name,
+            bridge=site.bridge,
+            wan=site.wan,
+            uplink_interface=site.uplink_interface,
+            core_interface=site.core_interface,
+            devices=list(site.devices),
+            link=link_kind,
+        )
 
     def _start_sshd(self, device: DeviceState) -> None:
         device_dir = self.state_dir / "devices" / device.name
@@ -363,36 +393,12 @@ class Fleet:
         state = self.state()
         if state is None:
             return False
-        leftovers = self._teardown(state, log)
+        leftovers = teardown(state, log)
         if leftovers:
             raise FleetError(
                 f"fleet down could not remove: {leftovers}; run `globaldl fleet down` again"
             )
         return True
-
-    def _teardown(self, state: FleetState, log: Log) -> list[str]:
-        """Kill the fleet's processes, undo the journal newest first; return what stayed."""
-        kill_processes(_fleet_pids(state))
-        failures: list[str] = []
-        for resource in reversed(list(state.resources)):
-            try:
-                _undo(resource, state)
-            except (OSError, CommandError, RuntimeError) as error:
-                failures.append(
-                    f"{resource['kind']} {resource.get('name') or resource.get('path')}: {error}"
-                )
-                continue
-            state.resources.remove(resource)
-            if state.path.parent.exists():
-                state.save()
-        if failures:
-            if state.path.parent.exists():
-                state.save()
-            for failure in failures:
-                log(f"could not remove {failure}")
-            return failures
-        state.path.unlink(missing_ok=True)
-        return []
 
     # ------------------------------------------------------- inspect/disturb
 
@@ -407,7 +413,9 @@ class Fleet:
                 "address": device.address,
                 "status": device.status,
                 "profile": device.profile.get_config(),
-                "sshd_alive": _sshd_alive(device),
+                "site": device.site,
+                "link": device.link,
+                "sshd_alive": sshd_alive(device),
                 "namespace_exists": namespace_exists,
             }
             try:
@@ -421,21 +429,44 @@ class Fleet:
                 entry["downlink_qdiscs"] = read_qdiscs(device.host_interface)
                 entry["counters"] = read_interface_counters(device.name)
             devices.append(entry)
+        sites = []
+        for site in state.sites:
+            site_entry: dict[str, Any] = {**site.to_dict(), "bridge_exists": False}
+            if Path(f"/sys/class/net/{site.bridge}").exists():
+                site_entry["bridge_exists"] = True
+                site_entry["uplink_qdiscs"] = read_qdiscs(site.uplink_interface)
+                site_entry["downlink_qdiscs"] = read_qdiscs(site.core_interface)
+            sites.append(site_entry)
         return {
             "state_dir": state.state_dir,
             "phase": state.phase,
             "bridge": state.bridge,
             "host_address": state.host_address,
             "subnet": state.subnet,
-            "netem_available": state.netem_available,
+            "emulator": state.emulator,
+            "emulator_available": state.emulator_available,
             "latency_emulated": state.latency_emulated,
+            "emulation": self.emulation_usage(state),
             "identity_file": state.identity_file,
+            "site_map": str(state.site_map_path) if state.site_map_path else None,
+            "sites": sites,
             "devices": devices,
+        }
+
+    def emulation_usage(self, state: FleetState | None = None) -> dict[str, Any]:
+        """The link emulation's processes and the CPU they used so far (out of device quotas)."""
+        state = state or self.require_state()
+        recorded = [r for r in state.resources if r["kind"] == "process"]
+        return {
+            "cgroup": f"{state.prefix}-fleet/{cgroups.EMULATION_GROUP}",
+            "processes_recorded": len(recorded),
+            "processes_alive": len(emulation_pids(state)),
+            "cpu_seconds": emulation_cpu_seconds(state),
         }
 
     def live_devices(self) -> list[DeviceState]:
         """Devices that are up and whose sshd is running."""
-        return [d for d in self.require_state().devices if d.status == "up" and _sshd_alive(d)]
+        return [d for d in self.require_state().devices if d.status == "up" and sshd_alive(d)]
 
     def hosts(self) -> list[str]:
         """`ADDR:1` per live device: a Horovod host list, and Elastic host-discovery output."""
@@ -446,7 +477,7 @@ class Fleet:
         state = self.require_state()
         pids: set[int] = set()
         for device in state.devices:
-            pids |= _device_pids(device) - {device.sshd_pid}
+            pids |= device_pids(device) - {device.sshd_pid}
         kill_processes(pids)
         return sorted(pids)
 
@@ -456,7 +487,7 @@ class Fleet:
         _require_root()
         state = self.require_state()
         device = state.device(name)
-        kill_processes(_device_pids(device))
+        kill_processes(device_pids(device))
         run(["ip", "-n", device.name, "link", "set", DEVICE_INTERFACE, "down"])
         run(["ip", "link", "set", device.host_interface, "down"])
         device.status, device.sshd_pid, device.sshd_start_ticks = "killed", None, None
@@ -468,13 +499,13 @@ class Fleet:
         _require_root()
         state = self.require_state()
         device = state.device(name)
-        if device.status == "up" and _sshd_alive(device):
+        if device.status == "up" and sshd_alive(device):
             return
         run(["ip", "link", "set", device.host_interface, "up"])
         run(["ip", "-n", device.name, "link", "set", DEVICE_INTERFACE, "up"])
         # Taking eth0 down dropped the default route through it.
         run(["ip", "-n", device.name, "route", "replace", "default", "via", state.host_address])
-        if not _sshd_alive(device):
+        if not sshd_alive(device):
             self._start_sshd(device)
         state.save()
         sshd.wait_for_login(device.address, Path(state.identity_file), device.name)
@@ -533,15 +564,26 @@ def _check_subnet_is_free(subnet: str) -> None:
             raise ValueError(f"subnet {subnet} clashes with {owner}; choose another --subnet")
 
 
-def _shape(spec: DeviceSpec, netns: str, netem_available: bool) -> None:
-    profile = spec.profile if netem_available else spec.profile.rates_only()
-    delay = {
-        "one_way_latency_ms": profile.one_way_latency_ms,
-        "jitter_ms": profile.jitter_ms,
-        "loss_percent": profile.loss_percent,
-    }
-    apply_shaping(DEVICE_INTERFACE, LinkDirection(profile.up_kbit_per_second, **delay), netns=netns)
-    apply_shaping(spec.host_interface, LinkDirection(profile.down_kbit_per_second, **delay))
+def _emulation_group(state: FleetState, controller: str) -> Path | None:
+    """The journaled emulation cgroup of `controller`, if it (still) exists."""
+    suffix = f"/{state.prefix}-fleet/{cgroups.EMULATION_GROUP}"
+    for resource in state.resources:
+        path = Path(resource.get("path", ""))
+        if resource["kind"] == "cgroup" and str(path).endswith(suffix) and path.exists():
+            if path.parent.parent == cgroups.cgroup_v1_mount(controller):
+                return path
+    return None
+
+
+def emulation_cpu_seconds(state: FleetState) -> float | None:
+    """CPU seconds the fleet's link emulation used so far (cpuacct), None without the group."""
+    group = _emulation_group(state, "cpuacct")
+    return cgroups.cpu_usage_seconds(group) if group is not None else None
+
+
+def _profiles(plan: FleetPlan) -> list[LinkProfile]:
+    """Every link profile of a plan: the devices' and the sites' WAN links."""
+    return [d.profile for d in plan.devices] + [site.wan for site in plan.sites]
 
 
 def read_interface_counters(netns: str, interface: str = DEVICE_INTERFACE) -> dict[str, int]:
@@ -556,90 +598,3 @@ def read_interface_counters(netns: str, interface: str = DEVICE_INTERFACE) -> di
         "rx_packets": stats["rx"]["packets"],
         "tx_packets": stats["tx"]["packets"],
     }
-
-
-def _sshd_alive(device: DeviceState) -> bool:
-    return (
-        device.sshd_pid is not None
-        and device.sshd_start_ticks is not None
-        and is_same_process(device.sshd_pid, device.sshd_start_ticks)
-    )
-
-
-def _netns_pids(name: str) -> list[int]:
-    if not Path(f"/run/netns/{name}").exists():
-        return []
-    completed = run(["ip", "netns", "pids", name], check=False)
-    return [int(pid) for pid in completed.stdout.split()]
-
-
-def _device_pids(device: DeviceState) -> set[int]:
-    pids = set(_netns_pids(device.name))
-    for group in (device.cpu_group, device.memory_group):
-        pids.update(cgroups.group_pids(Path(group)))
-    if _sshd_alive(device) and device.sshd_pid is not None:
-        pids.add(device.sshd_pid)
-    return pids
-
-
-def _fleet_pids(state: FleetState) -> set[int]:
-    pids: set[int] = set()
-    for device in state.devices:
-        pids |= _device_pids(device)
-    for resource in state.resources:
-        if resource["kind"] == "netns":
-            pids.update(_netns_pids(resource["name"]))
-        elif resource["kind"] == "cgroup":
-            pids.update(cgroups.group_pids(Path(resource["path"])))
-    return pids
-
-
-def _undo(resource: dict[str, Any], state: FleetState) -> None:
-    kind = resource["kind"]
-    if kind == "netns":
-        kill_processes(_netns_pids(resource["name"]))
-        if Path(f"/run/netns/{resource['name']}").exists():
-            run(["ip", "netns", "del", resource["name"]])
-    elif kind in ("link", "bridge"):
-        if Path(f"/sys/class/net/{resource['name']}").exists():
-            run(["ip", "link", "del", resource["name"]])
-    elif kind == "cgroup":
-        cgroups.remove_group(Path(resource["path"]))
-    elif kind == "directory":
-        _remove_directory(Path(resource["path"]), resource["remove"])
-    elif kind == "known_hosts":
-        path = Path(resource["path"])
-        sshd.forget_host_keys(path, [device.host_key_public for device in state.devices])
-        if not resource["file_existed"] and path.exists() and not path.read_text().strip():
-            path.unlink()
-        if not resource["dir_existed"] and path.parent.exists() and not any(path.parent.iterdir()):
-            path.parent.rmdir()
-    else:
-        raise RuntimeError(f"unknown resource kind {kind!r} in the state file")
-
-
-def _remove_directory(path: Path, mode: str) -> None:
-    if not path.exists():
-        return
-    if mode == "tree":
-        shutil.rmtree(path)
-    elif mode == "if_empty":
-        if not any(path.iterdir()):
-            path.rmdir()
-    elif mode == "sshd_privsep":
-        # Another sshd (the system's, another fleet's) still needs its chroot directory.
-        if not any(path.iterdir()) and not _any_sshd_running():
-            path.rmdir()
-    else:
-        raise RuntimeError(f"unknown directory removal mode {mode!r}")
-
-
-def _any_sshd_running() -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.readlink(entry / "exe") == sshd.SSHD:
-                    return True
-            except OSError:
-                continue
-    return False

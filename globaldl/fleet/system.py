@@ -44,6 +44,11 @@ def run(
     return completed
 
 
+def in_netns(netns: str | None, argv: list[str]) -> list[str]:
+    """`argv` run inside network namespace `netns` (`ip netns exec`), or as is for the host's."""
+    return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+
+
 def machine_cores() -> int:
     """CPU cores this process may run on (the machine's share, not the physical count)."""
     return len(os.sched_getaffinity(0))

@@ -192,7 +192,7 @@ def test_bad_input_gives_clear_errors_and_creates_nothing(test_fleet, assert_cle
     cases = [
         (
             ("-n", "2", "--profile", "wifi"),
-            "unknown profile 'wifi'; valid profiles: fibre, lte, lte-m, nb-iot, slow-4g",
+            "unknown profile 'wifi'; valid profiles: fibre, geo-satellite, intercontinental, lan,",
         ),
         (("-n", "0", "--profile", "custom:1:1"), "--devices must be at least 1, got 0"),
         (("-n", "4", "--profile", "custom:1:1", "--cpu", "1"), "more than this machine's"),
