@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from globaldl.fleet import cgroups, sshd, vde
 from globaldl.fleet.links import DEVICE_INTERFACE, create_link, device_link, site_link
+from globaldl.fleet.paths import HOST, fleet_path
 from globaldl.fleet.plan import DeviceSpec, FleetPlan, SiteSpec
 from globaldl.fleet.profiles import LinkProfile
 from globaldl.fleet.shaping import read_qdiscs
@@ -271,7 +272,9 @@ class Fleet:
                 },
             )
         for device in state.devices:
-            sshd.wait_for_login(device.address, self.identity_file, device.name)
+            sshd.wait_for_login(
+                device.address, self.identity_file, device.name, _host_round_trip_ms(state, device)
+            )
             device.status = "up"
         state.phase = "up"
         state.save()
@@ -508,7 +511,12 @@ class Fleet:
         if not sshd_alive(device):
             self._start_sshd(device)
         state.save()
-        sshd.wait_for_login(device.address, Path(state.identity_file), device.name)
+        sshd.wait_for_login(
+            device.address,
+            Path(state.identity_file),
+            device.name,
+            _host_round_trip_ms(state, device),
+        )
         device.status = "up"
         state.save()
 
@@ -579,6 +587,12 @@ def emulation_cpu_seconds(state: FleetState) -> float | None:
     """CPU seconds the fleet's link emulation used so far (cpuacct), None without the group."""
     group = _emulation_group(state, "cpuacct")
     return cgroups.cpu_usage_seconds(group) if group is not None else None
+
+
+def _host_round_trip_ms(state: FleetState, device: DeviceState) -> float:
+    """The device's worst round trip to the host (delays plus jitter), for the login's waits."""
+    path = fleet_path(state, device.name, HOST)
+    return path.round_trip_ms() + sum(hop.jitter_ms for hop in (*path.forward, *path.backward))
 
 
 def _profiles(plan: FleetPlan) -> list[LinkProfile]:

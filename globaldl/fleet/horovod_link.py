@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from globaldl.fleet.cycle_time import auto_cycle_time_ms
+from globaldl.fleet.launcher import REACH_TIMEOUT_SECONDS
 from globaldl.fleet.paths import HOST, fleet_path
 from globaldl.fleet.shaping import ETHERNET_FRAME_BYTES, LinkDirection
 from globaldl.fleet.state import FleetState
@@ -108,6 +109,7 @@ class HorovodLinkSettings:
     cycle_time_ms: float
     gloo_timeout_seconds: int
     start_timeout_seconds: int
+    reach_timeout_seconds: float
     dense_gradient_bytes: int | None
     dense_exchange_seconds: float | None
     notes: tuple[str, ...]
@@ -201,6 +203,8 @@ def horovod_link_settings(
         cycle_time_ms=cycle_time,
         gloo_timeout_seconds=gloo_timeout,
         start_timeout_seconds=start_timeout,
+        # A TCP connect to each device's sshd: one round trip, and SYN retries on slow links.
+        reach_timeout_seconds=REACH_TIMEOUT_SECONDS + 2 * budget.worst_host_round_trip_ms / 1000,
         dense_gradient_bytes=dense_gradient_bytes,
         dense_exchange_seconds=exchange,
         notes=tuple(notes),

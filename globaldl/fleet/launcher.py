@@ -209,6 +209,7 @@ def run_on_fleet(
     network_interface: str | None = None,
     env: dict[str, str] | None = None,
     elastic: ElasticOptions | None = None,
+    reach_timeout_seconds: float = REACH_TIMEOUT_SECONDS,
 ) -> FleetRunResult:
     """Launch `worker_argv` on every live device, then compare interface counters with the summary.
 
@@ -217,7 +218,7 @@ def run_on_fleet(
     """
     state = fleet.require_state()
     devices = fleet.live_devices()
-    check_reachable(devices)
+    check_reachable(devices, reach_timeout_seconds)
     argv = horovodrun_argv(
         devices,
         Path(state.identity_file),

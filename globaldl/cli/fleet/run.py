@@ -161,6 +161,7 @@ def run(
             network_interface=network_interface,
             env=env,
             elastic=elastic_options,
+            reach_timeout_seconds=link.reach_timeout_seconds,
         )
         emulation_after = emulation_cpu_seconds(state)
         links_path = _write_links_record(
