@@ -9,7 +9,8 @@ venv="$repo/.venv"
 python=${GLOBALDL_PYTHON:-python3}
 cache=${GLOBALDL_CACHE:-$HOME/.cache/globaldl}
 horovod_version=0.28.1
-apt_packages=(build-essential cmake git openssh-server openssh-client iproute2 prometheus prometheus-node-exporter)
+# vde2: user-space links with delay, jitter and loss for the fleet (this kernel has no netem).
+apt_packages=(build-essential cmake git openssh-server openssh-client iproute2 prometheus prometheus-node-exporter vde2)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 # pip warns once per package about this machine's optional local indexes; hide only that line.
