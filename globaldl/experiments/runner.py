@@ -33,7 +33,7 @@ from globaldl.experiments.cycle_time import auto_cycle_time_ms
 from globaldl.experiments.scrape import DeviceResources, ExporterScraper
 from globaldl.experiments.spec import Fault, FleetConfig, RunSpec, slug
 from globaldl.fleet.fleet import Fleet
-from globaldl.fleet.plan import FleetPlan, plan_fleet
+from globaldl.fleet.plan import FleetPlan, plan_from_options
 from globaldl.fleet.profiles import (
     DEFAULT_PROFILES_PATH,
     LinkProfile,
@@ -206,8 +206,14 @@ class ExperimentRunner:
 
     def plan_fleet(self, fleet: FleetConfig) -> FleetPlan:
         """The fleet plan for a config, validated (CPU and memory must fit the machine)."""
-        return plan_fleet(
-            device_profiles(self.profiles, devices=fleet.devices, profile=fleet.profile),
+        sites = (
+            {"sites": fleet.sites, "lan": fleet.lan, "wan": fleet.profile} if fleet.sites else {}
+        )
+        return plan_from_options(
+            self.profiles,
+            devices=fleet.devices,
+            profile=None if fleet.sites else fleet.profile,
+            **sites,
             prefix=self.prefix,
             subnet=self.subnet,
             cpu_cores=fleet.cpu_cores_per_device if fleet.cpu_cores_each is None else None,
@@ -427,7 +433,9 @@ class FaultInjector:
             name = f"{self.prefix}-{fault.device}"
             record: dict[str, Any] = {"action": fault.action, "device": name, "at": time.time()}
             try:
-                getattr(self.fleet, fault.action)(name)
+                outcome = getattr(self.fleet, fault.action)(name)
+                if outcome is not None:  # a measurement
+                    record["result"] = outcome
             except Exception as error:  # recorded; the run's own outcome tells the rest
                 record["error"] = str(error)
             record["done_at"] = time.time()

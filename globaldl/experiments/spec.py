@@ -24,7 +24,9 @@ class FleetConfig:
     """The emulated fleet a run needs: devices, one link profile for all, limits per device.
 
     `profile` is what `globaldl fleet up --profile` takes: a name from the profiles file or
-    `custom:UP_MBIT:DOWN_MBIT`. Runs with equal configs share one `fleet up`.
+    `custom:UP_MBIT:DOWN_MBIT[:ONE_WAY_DELAY_MS]`. With `sites` (e.g. "4x4"), the devices sit
+    in sites: `profile` is then each site's shared WAN link and `lan` each device's link to
+    its site. Runs with equal configs share one `fleet up`.
     """
 
     devices: int
@@ -32,6 +34,8 @@ class FleetConfig:
     cpu_cores_per_device: float
     memory_mb: int | None = None
     cpu_cores_each: tuple[float, ...] | None = None  # one per device; overrides the above
+    sites: str | None = None
+    lan: str | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_cores_each is not None:
@@ -46,6 +50,8 @@ class FleetConfig:
             raise ValueError("profile must not be empty")
         if not self.cpu_cores_per_device > 0:
             raise ValueError(f"cpu_cores_per_device must be > 0, got {self.cpu_cores_per_device!r}")
+        if self.lan is not None and self.sites is None:
+            raise ValueError(f"lan {self.lan!r} describes sites; it needs sites")
 
     @property
     def cpu_cores_total(self) -> float:
@@ -56,10 +62,15 @@ class FleetConfig:
 
     def up_command(self, *, prefix: str, subnet: str, state_dir: str) -> str:
         """The equivalent `globaldl fleet up` command line."""
+        links = (
+            [f"--profile {self.profile}"]
+            if self.sites is None
+            else [f"--sites {self.sites}", f"--lan {self.lan or 'lan'}", f"--wan {self.profile}"]
+        )
         parts = [
             "globaldl fleet up",
             f"-n {self.devices}",
-            f"--profile {self.profile}",
+            *links,
             (
                 f"--cpu {self.cpu_cores_per_device:g}"
                 if self.cpu_cores_each is None
@@ -79,18 +90,21 @@ class FleetConfig:
             "cpu_cores_per_device": self.cpu_cores_per_device,
             "memory_mb": self.memory_mb,
             "cpu_cores_each": list(self.cpu_cores_each) if self.cpu_cores_each else None,
+            "sites": self.sites,
+            "lan": self.lan,
         }
 
 
-FAULT_ACTIONS: tuple[str, ...] = ("kill", "revive")
+FAULT_ACTIONS: tuple[str, ...] = ("kill", "revive", "measure")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """Something done to one device while a run goes on: `globaldl fleet kill` or `revive`.
+    """Something done to one device while a run goes on: `fleet kill`, `revive` or `measure`.
 
-    It fires `delay_seconds` after the first line of the run's output (read in order, after
-    the previous fault's trigger) that matches the regex `after_line`.
+    `measure` probes the device's path to the core (round trip, loss, rate) and records the
+    result with the fault. A fault fires `delay_seconds` after the first line of the run's
+    output (read in order, after the previous fault's trigger) that matches `after_line`.
     """
 
     action: str
@@ -100,7 +114,9 @@ class Fault:
 
     def __post_init__(self) -> None:
         if self.action not in FAULT_ACTIONS:
-            raise ValueError(f"fault action {self.action!r} is not one of: kill, revive")
+            raise ValueError(
+                f"fault action {self.action!r} is not one of: {', '.join(FAULT_ACTIONS)}"
+            )
         if isinstance(self.device, bool) or not isinstance(self.device, int) or self.device < 1:
             raise ValueError(f"fault device must be a device number >= 1, got {self.device!r}")
         if not self.delay_seconds >= 0:

@@ -69,6 +69,15 @@ def cpu_usage_seconds(cpuacct_group: Path) -> float:
     return int((cpuacct_group / "cpuacct.usage").read_text()) / 1e9
 
 
+def emulation_cpu_seconds(prefix: str) -> float | None:
+    """CPU seconds a fleet's link emulation used so far; None when its group does not exist."""
+    try:
+        group = cgroup_v1_mount("cpuacct") / f"{prefix}-fleet" / EMULATION_GROUP
+        return cpu_usage_seconds(group)
+    except (ValueError, FileNotFoundError):
+        return None
+
+
 def set_memory_limit(group: Path, memory_bytes: int) -> None:
     """Cap the group's memory (beyond it the kernel reclaims, then OOM-kills inside the group)."""
     (group / "memory.limit_in_bytes").write_text(str(memory_bytes))

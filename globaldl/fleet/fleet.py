@@ -484,6 +484,12 @@ class Fleet:
         kill_processes(pids)
         return sorted(pids)
 
+    def measure(self, name: str) -> dict[str, Any]:
+        """Round trip, loss and rate of a device's path to the core (see linkcheck.py)."""
+        from globaldl.fleet.linkcheck import measure_path
+
+        return measure_path(self.require_state(), name, HOST, probes=50)
+
     @_serialised
     def kill(self, name: str) -> None:
         """Make a device fail: kill everything running on it and take its link down."""
@@ -572,21 +578,9 @@ def _check_subnet_is_free(subnet: str) -> None:
             raise ValueError(f"subnet {subnet} clashes with {owner}; choose another --subnet")
 
 
-def _emulation_group(state: FleetState, controller: str) -> Path | None:
-    """The journaled emulation cgroup of `controller`, if it (still) exists."""
-    suffix = f"/{state.prefix}-fleet/{cgroups.EMULATION_GROUP}"
-    for resource in state.resources:
-        path = Path(resource.get("path", ""))
-        if resource["kind"] == "cgroup" and str(path).endswith(suffix) and path.exists():
-            if path.parent.parent == cgroups.cgroup_v1_mount(controller):
-                return path
-    return None
-
-
 def emulation_cpu_seconds(state: FleetState) -> float | None:
     """CPU seconds the fleet's link emulation used so far (cpuacct), None without the group."""
-    group = _emulation_group(state, "cpuacct")
-    return cgroups.cpu_usage_seconds(group) if group is not None else None
+    return cgroups.emulation_cpu_seconds(state.prefix)
 
 
 def _host_round_trip_ms(state: FleetState, device: DeviceState) -> float:

@@ -58,8 +58,11 @@ class RoundTripMeasurement:
 
     @property
     def round_trip_relative_error(self) -> float | None:
-        """(median - expected) / expected; None when nothing came back or nothing is expected."""
-        if self.round_trip_ms_median is None or self.expected_round_trip_ms <= 0:
+        """(median - expected) / expected; None when nothing came back or under 1 ms is expected.
+
+        Below a millisecond the round trip is the machine's own forwarding, not a profile's.
+        """
+        if self.round_trip_ms_median is None or self.expected_round_trip_ms < 1:
             return None
         return self.round_trip_ms_median / self.expected_round_trip_ms - 1
 

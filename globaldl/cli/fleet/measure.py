@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import json
-import random
-import time
 from typing import Annotated, Any
 
 import typer
 
 from globaldl.cli.fleet._common import StateDir, app, user_errors
-from globaldl.fleet.fleet import Fleet, emulation_cpu_seconds
-from globaldl.fleet.measure import measure_throughput
-from globaldl.fleet.paths import HOST, fleet_path
-from globaldl.fleet.probe import measure_round_trip
+from globaldl.fleet.fleet import Fleet
+from globaldl.fleet.linkcheck import measure_path
+from globaldl.fleet.paths import HOST
 from globaldl.fleet.state import DEFAULT_STATE_DIR
-
-
-def _free_port() -> int:
-    # Random high ports: other fleets and engineers share this machine.
-    return random.randint(20000, 60000)
 
 
 @app.command()
@@ -51,42 +43,17 @@ def measure(
     Each figure is printed next to what the links' profiles promise for the path, and the rate
     next to the CPU the user-space link emulation spent forwarding it.
     """
-    result: dict[str, Any] = {"from": sender, "to": receiver}
     with user_errors():
-        if sender == HOST:
-            raise ValueError(f"--from must be a device; `{HOST}` can only receive (--to {HOST})")
-        fleet = Fleet(state_dir)
-        state = fleet.require_state()
-        path = fleet_path(state, sender, receiver)
-        receiver_netns = None if receiver == HOST else receiver
-        if round_trip:
-            result["round_trip"] = measure_round_trip(
-                path,
-                source_netns=sender,
-                target_netns=receiver_netns,
-                port=_free_port(),
-                probes=probes,
-                interval_ms=interval_ms,
-            ).to_dict()
-        if rate:
-            cpu_before, started = emulation_cpu_seconds(state), time.monotonic()
-            measured = measure_throughput(
-                sender,
-                receiver,
-                path.target_address,
-                path.rate_bits_per_second,
-                seconds=seconds,
-                port=_free_port(),
-                sender_netns=sender,
-                receiver_netns=receiver_netns,
-            )
-            elapsed, cpu_after = time.monotonic() - started, emulation_cpu_seconds(state)
-            result["rate"] = measured.to_dict()
-            result["emulation_cpu_cores"] = (
-                (cpu_after - cpu_before) / elapsed
-                if cpu_before is not None and cpu_after is not None
-                else None
-            )
+        result = measure_path(
+            Fleet(state_dir).require_state(),
+            sender,
+            receiver,
+            seconds=seconds,
+            probes=probes,
+            interval_ms=interval_ms,
+            round_trip=round_trip,
+            rate=rate,
+        )
     if as_json:
         typer.echo(json.dumps(result))
         return
