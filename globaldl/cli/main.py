@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import typer
 
-from globaldl.cli import bench, dashboards, experiment, fleet, monitor, report, train
+from globaldl.cli import (
+    bench,
+    dashboards,
+    experiment,
+    experiment_links,  # noqa: F401 (registers latency, scale, sites)
+    fleet,
+    monitor,
+    report,
+    train,
+)
 
 app = typer.Typer(
     name="globaldl",

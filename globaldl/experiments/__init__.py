@@ -15,9 +15,12 @@ from globaldl.experiments.experiment import (
     run_experiment,
     write_outputs,
 )
+from globaldl.experiments.latency import LatencyExperiment
 from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
+from globaldl.experiments.scale import ScaleExperiment
+from globaldl.experiments.sites import SitesExperiment
 from globaldl.experiments.spec import FleetConfig, RunSpec, Workload
 
 EXPERIMENTS: dict[str, type[Experiment]] = {
@@ -27,6 +30,9 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "bottleneck": BottleneckExperiment,
     "recovery": RecoveryExperiment,
     "balance": BalanceExperiment,
+    "latency": LatencyExperiment,
+    "scale": ScaleExperiment,
+    "sites": SitesExperiment,
 }
 
 
@@ -53,11 +59,14 @@ __all__ = [
     "ExperimentReport",
     "ExperimentRunner",
     "FleetConfig",
+    "LatencyExperiment",
     "RecoveryExperiment",
     "ResourcesExperiment",
     "RunResult",
     "RunSpec",
+    "ScaleExperiment",
     "Schedule",
+    "SitesExperiment",
     "TargetCheck",
     "Variant",
     "Workload",
