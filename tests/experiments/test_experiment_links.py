@@ -77,14 +77,10 @@ def test_latency_rows_measure_full_runs_and_project_bounded_ones_from_the_longes
     assert "latency-bound from (ms per link)" in markdown and "| none |" in markdown
 
 
-def test_latency_outputs_draw_measured_and_projected_times(tmp_path: Path):
-    from globaldl.experiments import write_outputs
-
+def test_latency_plot_draws_measured_and_projected_times(tmp_path: Path):
     experiment, results = _latency_results(tmp_path)
-    report = write_outputs(experiment, results, tmp_path)
-    assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "Delay is NOT emulated" in (tmp_path / "latency.md").read_text()
-    assert len(report.rows) == 3
+    (path,) = experiment.plots(experiment.rows(results), results, tmp_path)
+    assert path.name == "latency.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_scale_plan_fills_the_machine_and_measures_the_link_while_16_devices_train():
