@@ -10,6 +10,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -99,29 +100,42 @@ class Fleet:
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
-        """Hold an exclusive flock on the state dir's parent while the state changes.
+        """Hold an exclusive flock on this state dir's lock file while the state changes.
 
         Two `up`s into one state dir would otherwise both find no state and overwrite each
-        other's journal. The lock is on the parent because the state dir itself comes and goes.
+        other's journal. The lock file sits beside the state dir (which itself comes and goes),
+        one per state dir, so fleets in other state dirs never wait for this one: an `up` on
+        slow links waits minutes for its logins. The holder removes the file; a waiter that
+        then finds its file gone or replaced starts over.
         """
         parent = self.state_dir.parent
         parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            deadline = time.monotonic() + LOCK_TIMEOUT_SECONDS
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path = parent / f".{self.state_dir.name}.lock"
+        deadline = time.monotonic() + LOCK_TIMEOUT_SECONDS
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise FleetError(
+                                f"another fleet operation on {self.state_dir} has held {path} "
+                                f"for {LOCK_TIMEOUT_SECONDS:g} s"
+                            ) from None
+                        time.sleep(0.1)
+                if _same_file(fd, path):
                     break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise FleetError(
-                            f"another fleet operation has held the lock on {parent} for "
-                            f"{LOCK_TIMEOUT_SECONDS:g} s"
-                        ) from None
-                    time.sleep(0.1)
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        try:
             yield
         finally:
+            path.unlink(missing_ok=True)
             os.close(fd)
 
     @property
@@ -271,10 +285,22 @@ class Fleet:
                     for site in state.sites
                 },
             )
+        # Logins wait in parallel: on slow links each takes minutes. Every process of the fleet
+        # is started by now, so no fork happens while these threads run.
+        with ThreadPoolExecutor(max_workers=min(16, len(state.devices))) as pool:
+            waits = [
+                pool.submit(
+                    sshd.wait_for_login,
+                    device.address,
+                    self.identity_file,
+                    device.name,
+                    _host_round_trip_ms(state, device),
+                )
+                for device in state.devices
+            ]
+            for wait in waits:
+                wait.result()
         for device in state.devices:
-            sshd.wait_for_login(
-                device.address, self.identity_file, device.name, _host_round_trip_ms(state, device)
-            )
             device.status = "up"
         state.phase = "up"
         state.save()
@@ -581,6 +607,14 @@ def _check_subnet_is_free(subnet: str) -> None:
 def emulation_cpu_seconds(state: FleetState) -> float | None:
     """CPU seconds the fleet's link emulation used so far (cpuacct), None without the group."""
     return cgroups.emulation_cpu_seconds(state.prefix)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """True while `path` still names the file open as `fd` (not removed, not replaced)."""
+    try:
+        return os.fstat(fd).st_ino == path.stat().st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _host_round_trip_ms(state: FleetState, device: DeviceState) -> float:

@@ -18,7 +18,7 @@ LOGIN_TIMEOUT_SECONDS = 20.0
 # One attempt may take this long on a busy machine (a handful of devices' sshd on a fraction of
 # a core each) before the next one starts.
 ATTEMPT_TIMEOUT_SECONDS = 10.0
-LOGIN_ROUND_TRIPS = 10
+LOGIN_ROUND_TRIPS = 15
 
 
 def generate_key(path: Path, comment: str) -> str:
@@ -44,6 +44,9 @@ def sshd_config_text(address: str, host_key: Path, authorized_keys: Path, pid_fi
             "StrictModes yes",
             "X11Forwarding no",
             "PrintMotd no",
+            # sshd drops a login unfinished after 2 minutes by default: on NB-IoT a login
+            # takes a dozen round trips of 12 s.
+            "LoginGraceTime 900",
             # Horovod opens one ssh session per rank and per probe at once.
             "MaxStartups 100:30:200",
             "MaxSessions 100",
@@ -133,7 +136,7 @@ def wait_for_login(
 ) -> None:
     """Log in by key as horovodrun will, until the device answers with its own host name.
 
-    An ssh login costs about ten round trips (TCP, key exchange, authentication, the command),
+    An ssh login costs a dozen round trips (TCP, key exchange, authentication, the command),
     so every wait grows with the device's round trip to the host; on NB-IoT that is minutes.
     """
     round_trips_seconds = LOGIN_ROUND_TRIPS * round_trip_ms / 1000

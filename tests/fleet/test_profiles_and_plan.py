@@ -52,15 +52,8 @@ def test_profiles_file_holds_cited_figures_with_narrow_cellular_uplinks(profiles
     assert profiles["lte-m"].down_kbit_per_second == profiles["lte-m"].up_kbit_per_second == 1000
     nb_iot = profiles["nb-iot"]
     assert (nb_iot.down_kbit_per_second, nb_iot.up_kbit_per_second) == (26, 62)
-    # NB-IoT latency 1.6-10 s: the delay's range, each way.
-    for direction in (nb_iot.uplink, nb_iot.downlink):
-        assert (
-            direction.delay_ms - direction.jitter_ms,
-            direction.delay_ms + direction.jitter_ms,
-        ) == (
-            1600,
-            10_000,
-        )
+    # NB-IoT latency 1.6-10 s across coverage conditions: a device gets the middle, each way.
+    assert nb_iot.up_delay_ms == nb_iot.down_delay_ms == (1600 + 10_000) / 2
     # Two sites meet at the core: each site's link carries half the site-to-site round trip.
     assert 2 * profiles["intercontinental"].core_round_trip_ms == 170
     for name in ("lte", "slow-4g", "geo-satellite"):
