@@ -245,8 +245,9 @@ class Fleet:
             dir_existed=known_hosts.parent.exists(),
         )
 
-        run(["ip", "link", "add", plan.bridge, "type", "bridge"])
-        state.record("bridge", name=plan.bridge)
+        _create_recorded(
+            state, "bridge", plan.bridge, ["ip", "link", "add", plan.bridge, "type", "bridge"]
+        )
         run(["ip", "addr", "add", f"{plan.host_address}/{plan.prefix_length}", "dev", plan.bridge])
         run(["ip", "link", "set", plan.bridge, "up"])
 
@@ -316,8 +317,7 @@ class Fleet:
         build_link: Callable[[Any], str],
     ) -> DeviceState:
         netns = spec.name
-        run(["ip", "netns", "add", netns])
-        state.record("netns", name=netns)
+        _create_recorded(state, "netns", netns, ["ip", "netns", "add", netns])
         run(["ip", "-n", netns, "link", "set", "lo", "up"])
         link_kind = build_link(device_link(plan, spec))
         run(
@@ -384,8 +384,9 @@ class Fleet:
     def _create_site(
         self, state: FleetState, plan: FleetPlan, site: SiteSpec, build_link: Callable[[Any], str]
     ) -> SiteState:
-        run(["ip", "link", "add", site.bridge, "type", "bridge"])
-        state.record("bridge", name=site.bridge)
+        _create_recorded(
+            state, "bridge", site.bridge, ["ip", "link", "add", site.bridge, "type", "bridge"]
+        )
         run(["ip", "link", "set", site.bridge, "up"])
         link_kind = build_link(site_link(plan, site))
         return SiteState(
@@ -607,6 +608,18 @@ def _check_subnet_is_free(subnet: str) -> None:
 def emulation_cpu_seconds(state: FleetState) -> float | None:
     """CPU seconds the fleet's link emulation used so far (cpuacct), None without the group."""
     return cgroups.emulation_cpu_seconds(state.prefix)
+
+
+def _create_recorded(state: FleetState, kind: str, name: str, argv: list[str]) -> None:
+    """Journal a namespace or link, then create it: a `fleet up` killed meanwhile orphans nothing.
+
+    A name that already exists belongs to someone else: it is not journaled (so never removed),
+    and the command fails on it as it would anyway.
+    """
+    existing = Path("/run/netns" if kind == "netns" else "/sys/class/net") / name
+    if not existing.exists():
+        state.record(kind, name=name)
+    run(argv)
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -97,8 +97,9 @@ def _create_veth_pair(link: LinkSpec, state: FleetState) -> None:
         argv += [link.inner_interface, "netns", link.inner_netns]
     else:
         argv += [link.inner_interface]
-    run(argv)
+    # Journaled first (create_link checked the name is free): a kill meanwhile orphans nothing.
     state.record("link", name=link.outer_interface)
+    run(argv)
 
 
 def _create_vde_chain(
