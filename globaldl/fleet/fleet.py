@@ -4,27 +4,40 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import ipaddress
-import json
 import os
-import stat
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from globaldl.fleet import cgroups, sshd, vde
-from globaldl.fleet.links import DEVICE_INTERFACE, create_link, device_link, site_link
-from globaldl.fleet.paths import HOST, fleet_path
-from globaldl.fleet.plan import DeviceSpec, FleetPlan, SiteSpec
+from globaldl.fleet.build import create_fleet, host_round_trip_ms, start_sshd
+from globaldl.fleet.host import (
+    check_state_dir_is_private,
+    check_subnet_is_free,
+    host_networks,
+    read_interface_counters,
+    require_root,
+)
+from globaldl.fleet.links import DEVICE_INTERFACE
+from globaldl.fleet.paths import HOST
+from globaldl.fleet.plan import FleetPlan
 from globaldl.fleet.profiles import LinkProfile
 from globaldl.fleet.shaping import read_qdiscs
-from globaldl.fleet.sites import write_site_map
-from globaldl.fleet.state import DEFAULT_STATE_DIR, DeviceState, FleetState, SiteState
+from globaldl.fleet.state import DEFAULT_STATE_DIR, DeviceState, FleetState
 from globaldl.fleet.system import kill_processes, run
 from globaldl.fleet.teardown import device_pids, emulation_pids, sshd_alive, teardown
+
+# Re-exported: tests and the launcher read these through the fleet module.
+__all__ = [
+    "Fleet",
+    "FleetError",
+    "LinkEmulationUnavailableError",
+    "emulation_cpu_seconds",
+    "host_networks",
+    "read_interface_counters",
+]
 
 LOCK_TIMEOUT_SECONDS = 120.0
 Log = Callable[[str], None]
@@ -148,15 +161,15 @@ class Fleet:
     @_serialised
     def up(self, plan: FleetPlan, *, latency: str = "auto", log: Log = _quiet) -> FleetState:
         """Create the planned fleet; on any failure remove everything created so far and raise."""
-        _require_root()
+        require_root()
         if self.state() is not None:
             raise ValueError(
                 f"a fleet is already up in {self.state_dir}; run `globaldl fleet down` first"
             )
-        _check_state_dir_is_private(self.state_dir)
+        check_state_dir_is_private(self.state_dir)
         for controller in cgroups.CONTROLLERS:
             cgroups.cgroup_v1_mount(controller)
-        _check_subnet_is_free(plan.subnet)
+        check_subnet_is_free(plan.subnet)
         emulator_available, emulator = self._check_link_emulation(plan, latency, log)
         emulate = emulator_available and latency != "off"
 
@@ -177,7 +190,7 @@ class Fleet:
         try:
             if not state_dir_existed:
                 state.record("directory", path=str(self.state_dir), remove="tree")
-            self._create(state, plan, emulate, log)
+            create_fleet(state, plan, emulate=emulate, identity_file=self.identity_file, log=log)
         except BaseException as error:
             log(f"fleet up failed ({error}); rolling back")
             leftovers = teardown(state, log)
@@ -219,196 +232,6 @@ class Fleet:
         )
         return available, detail
 
-    def _create(self, state: FleetState, plan: FleetPlan, emulate: bool, log: Log) -> None:
-        ssh_dir = self.state_dir / "ssh"
-        devices_dir = self.state_dir / "devices"
-        links_dir = self.state_dir / "links"
-        for directory in (ssh_dir, devices_dir, links_dir):
-            if not directory.exists():
-                directory.mkdir(mode=0o700)
-                state.record("directory", path=str(directory), remove="tree")
-        sshd.generate_key(self.identity_file, f"globaldl-fleet-{plan.prefix}")
-        authorized_keys = ssh_dir / "authorized_keys"
-        authorized_keys.write_text(Path(f"{self.identity_file}.pub").read_text())
-        authorized_keys.chmod(0o600)
-        if sshd.ensure_privilege_separation_dir():
-            state.record("directory", path="/run/sshd", remove="sshd_privsep")
-        netns_etc = Path("/etc/netns")
-        if not netns_etc.exists():
-            netns_etc.mkdir(mode=0o755)
-            state.record("directory", path=str(netns_etc), remove="if_empty")
-        known_hosts = sshd.known_hosts_path()
-        state.record(
-            "known_hosts",
-            path=str(known_hosts),
-            file_existed=known_hosts.exists(),
-            dir_existed=known_hosts.parent.exists(),
-        )
-
-        _create_recorded(
-            state, "bridge", plan.bridge, ["ip", "link", "add", plan.bridge, "type", "bridge"]
-        )
-        run(["ip", "addr", "add", f"{plan.host_address}/{plan.prefix_length}", "dev", plan.bridge])
-        run(["ip", "link", "set", plan.bridge, "up"])
-
-        group_parent = f"{plan.prefix}-fleet"
-        for controller in cgroups.EMULATION_CONTROLLERS:
-            path = cgroups.create_group(controller, group_parent)
-            state.record("cgroup", path=str(path))
-        emulation_groups = []
-        for controller in cgroups.EMULATION_CONTROLLERS:
-            path = cgroups.create_group(controller, f"{group_parent}/{cgroups.EMULATION_GROUP}")
-            state.record("cgroup", path=str(path))
-            emulation_groups.append(str(path))
-        cgroups.set_cpu_shares(Path(emulation_groups[0]), cgroups.EMULATION_CPU_SHARES)
-
-        def build(link: Any) -> str:
-            return create_link(
-                link, state, emulate=emulate, work_dir=links_dir, groups=emulation_groups
-            )
-
-        for site in plan.sites:
-            log(f"creating site {site.name} ({site.bridge}, wan {site.wan.name})")
-            state.sites.append(self._create_site(state, plan, site, build))
-            state.save()
-        for spec in plan.devices:
-            log(f"creating {spec.name} ({spec.address}, {spec.profile.name})")
-            device = self._create_device(
-                state, plan, spec, group_parent, devices_dir / spec.name, authorized_keys, build
-            )
-            state.devices.append(device)
-            state.save()
-        if state.sites:
-            write_site_map(
-                self.state_dir / "sites.yaml",
-                {
-                    site.name: [state.device(name).address for name in site.devices]
-                    for site in state.sites
-                },
-            )
-        # Logins wait in parallel: on slow links each takes minutes. Every process of the fleet
-        # is started by now, so no fork happens while these threads run.
-        with ThreadPoolExecutor(max_workers=min(16, len(state.devices))) as pool:
-            waits = [
-                pool.submit(
-                    sshd.wait_for_login,
-                    device.address,
-                    self.identity_file,
-                    device.name,
-                    _host_round_trip_ms(state, device),
-                )
-                for device in state.devices
-            ]
-            for wait in waits:
-                wait.result()
-        for device in state.devices:
-            device.status = "up"
-        state.phase = "up"
-        state.save()
-
-    def _create_device(
-        self,
-        state: FleetState,
-        plan: FleetPlan,
-        spec: DeviceSpec,
-        group_parent: str,
-        device_dir: Path,
-        authorized_keys: Path,
-        build_link: Callable[[Any], str],
-    ) -> DeviceState:
-        netns = spec.name
-        _create_recorded(state, "netns", netns, ["ip", "netns", "add", netns])
-        run(["ip", "-n", netns, "link", "set", "lo", "up"])
-        link_kind = build_link(device_link(plan, spec))
-        run(
-            [
-                "ip",
-                "-n",
-                netns,
-                "addr",
-                "add",
-                f"{spec.address}/{plan.prefix_length}",
-                "dev",
-                DEVICE_INTERFACE,
-            ]
-        )
-        # The host is the device's gateway, so horovodrun's driver is reachable on any of the
-        # host's addresses. The fleet never enables forwarding or NAT: nothing leaves the machine.
-        run(["ip", "-n", netns, "route", "add", "default", "via", plan.host_address])
-
-        etc_dir = Path("/etc/netns") / netns
-        etc_dir.mkdir(mode=0o755)
-        state.record("directory", path=str(etc_dir), remove="tree")
-        # `ip netns exec` bind-mounts this over /etc/hosts: each device resolves its own name
-        # (Gloo falls back to the host name) and every other device's.
-        hosts_lines = [
-            "127.0.0.1 localhost",
-            "::1 localhost ip6-localhost ip6-loopback",
-            f"{plan.host_address} {plan.prefix}-host",
-        ]
-        hosts_lines += [f"{other.address} {other.name}" for other in plan.devices]
-        (etc_dir / "hosts").write_text("\n".join(hosts_lines) + "\n")
-
-        groups = []
-        for controller in cgroups.CONTROLLERS:
-            group = cgroups.create_group(controller, f"{group_parent}/{spec.name}")
-            state.record("cgroup", path=str(group))
-            groups.append(group)
-        cpu_group, memory_group = groups
-        cgroups.set_cpu_limit(cpu_group, spec.cpu_cores)
-        cgroups.set_memory_limit(memory_group, spec.memory_bytes)
-
-        device_dir.mkdir(mode=0o700)
-        host_key = device_dir / "ssh_host_ed25519_key"
-        host_key_public = sshd.generate_key(host_key, f"{spec.name}-host")
-        config = device_dir / "sshd_config"
-        config.write_text(
-            sshd.sshd_config_text(spec.address, host_key, authorized_keys, device_dir / "sshd.pid")
-        )
-        device = DeviceState(
-            name=spec.name,
-            address=spec.address,
-            host_interface=spec.host_interface,
-            profile=spec.profile,
-            cpu_cores=spec.cpu_cores,
-            memory_bytes=spec.memory_bytes,
-            cpu_group=str(cpu_group),
-            memory_group=str(memory_group),
-            host_key_public=host_key_public,
-            site=spec.site,
-            link=link_kind,
-        )
-        self._start_sshd(device)
-        return device
-
-    def _create_site(
-        self, state: FleetState, plan: FleetPlan, site: SiteSpec, build_link: Callable[[Any], str]
-    ) -> SiteState:
-        _create_recorded(
-            state, "bridge", site.bridge, ["ip", "link", "add", site.bridge, "type", "bridge"]
-        )
-        run(["ip", "link", "set", site.bridge, "up"])
-        link_kind = build_link(site_link(plan, site))
-        return SiteState(
-            name=site.name,
-            bridge=site.bridge,
-            wan=site.wan,
-            uplink_interface=site.uplink_interface,
-            core_interface=site.core_interface,
-            devices=list(site.devices),
-            link=link_kind,
-        )
-
-    def _start_sshd(self, device: DeviceState) -> None:
-        device_dir = self.state_dir / "devices" / device.name
-        device.sshd_pid, device.sshd_start_ticks = sshd.start_sshd(
-            device.name,
-            device.name,
-            device_dir / "sshd_config",
-            device_dir / "sshd.log",
-            [device.cpu_group, device.memory_group],
-        )
-
     # ------------------------------------------------------------------ down
 
     @_serialised
@@ -419,7 +242,7 @@ class Fleet:
         naming what could not be removed (the state file then still lists it, so a second
         `down` retries).
         """
-        _require_root()
+        require_root()
         state = self.state()
         if state is None:
             return False
@@ -520,7 +343,7 @@ class Fleet:
     @_serialised
     def kill(self, name: str) -> None:
         """Make a device fail: kill everything running on it and take its link down."""
-        _require_root()
+        require_root()
         state = self.require_state()
         device = state.device(name)
         kill_processes(device_pids(device))
@@ -532,7 +355,7 @@ class Fleet:
     @_serialised
     def revive(self, name: str) -> None:
         """Bring a killed device back: link up, default route, sshd, login check."""
-        _require_root()
+        require_root()
         state = self.require_state()
         device = state.device(name)
         if device.status == "up" and sshd_alive(device):
@@ -542,84 +365,19 @@ class Fleet:
         # Taking eth0 down dropped the default route through it.
         run(["ip", "-n", device.name, "route", "replace", "default", "via", state.host_address])
         if not sshd_alive(device):
-            self._start_sshd(device)
+            start_sshd(self.state_dir, device)
         state.save()
         sshd.wait_for_login(
             device.address,
             Path(state.identity_file),
             device.name,
-            _host_round_trip_ms(state, device),
+            host_round_trip_ms(state, device),
         )
         device.status = "up"
         state.save()
 
 
 # --------------------------------------------------------------------- helpers
-
-
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        raise PermissionError(
-            "the fleet creates namespaces, links, qdiscs and cgroups: run it as root"
-        )
-
-
-def _check_state_dir_is_private(state_dir: Path) -> None:
-    """Sshd (StrictModes) refuses keys below group/world-writable directories; say so up front."""
-    for directory in [state_dir, *state_dir.parents]:
-        if not directory.exists():
-            continue
-        info = directory.stat()
-        if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise ValueError(
-                f"state dir {state_dir}: {directory} is not owned by root or is "
-                "group/world-writable, and sshd refuses keys kept below it; use a root-owned path "
-                f"such as {DEFAULT_STATE_DIR}"
-            )
-
-
-def host_networks() -> list[tuple[ipaddress.IPv4Network, str]]:
-    """Every IPv4 network this host has an address in or a route to, with what owns it."""
-    found = []
-    for entry in json.loads(run(["ip", "-j", "-4", "addr", "show"]).stdout or "[]"):
-        for address in entry.get("addr_info", []):
-            interface = ipaddress.ip_interface(f"{address['local']}/{address['prefixlen']}")
-            found.append((interface.network, f"{interface} on {entry['ifname']}"))
-    for route in json.loads(run(["ip", "-j", "-4", "route", "show"]).stdout or "[]"):
-        destination = route.get("dst", "default")
-        if destination != "default":
-            found.append(
-                (
-                    ipaddress.ip_network(destination, strict=False),
-                    f"route {destination} via {route.get('dev')}",
-                )
-            )
-    return found
-
-
-def _check_subnet_is_free(subnet: str) -> None:
-    """Refuse a subnet that overlaps any address or route the host already has."""
-    network = ipaddress.ip_network(subnet)
-    for used, owner in host_networks():
-        if used.overlaps(network):
-            raise ValueError(f"subnet {subnet} clashes with {owner}; choose another --subnet")
-
-
-def emulation_cpu_seconds(state: FleetState) -> float | None:
-    """CPU seconds the fleet's link emulation used so far (cpuacct), None without the group."""
-    return cgroups.emulation_cpu_seconds(state.prefix)
-
-
-def _create_recorded(state: FleetState, kind: str, name: str, argv: list[str]) -> None:
-    """Journal a namespace or link, then create it: a `fleet up` killed meanwhile orphans nothing.
-
-    A name that already exists belongs to someone else: it is not journaled (so never removed),
-    and the command fails on it as it would anyway.
-    """
-    existing = Path("/run/netns" if kind == "netns" else "/sys/class/net") / name
-    if not existing.exists():
-        state.record(kind, name=name)
-    run(argv)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -630,26 +388,11 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
-def _host_round_trip_ms(state: FleetState, device: DeviceState) -> float:
-    """The device's worst round trip to the host (delays plus jitter), for the login's waits."""
-    path = fleet_path(state, device.name, HOST)
-    return path.round_trip_ms() + sum(hop.jitter_ms for hop in (*path.forward, *path.backward))
+def emulation_cpu_seconds(state: FleetState) -> float | None:
+    """CPU seconds the fleet's link emulation used so far (cpuacct), None without the group."""
+    return cgroups.emulation_cpu_seconds(state.prefix)
 
 
 def _profiles(plan: FleetPlan) -> list[LinkProfile]:
     """Every link profile of a plan: the devices' and the sites' WAN links."""
     return [d.profile for d in plan.devices] + [site.wan for site in plan.sites]
-
-
-def read_interface_counters(netns: str, interface: str = DEVICE_INTERFACE) -> dict[str, int]:
-    """rx/tx bytes and packets of a device's interface, read inside its namespace."""
-    entries = json.loads(
-        run(["ip", "-n", netns, "-j", "-s", "link", "show", "dev", interface]).stdout
-    )
-    stats = entries[0]["stats64"]
-    return {
-        "rx_bytes": stats["rx"]["bytes"],
-        "tx_bytes": stats["tx"]["bytes"],
-        "rx_packets": stats["rx"]["packets"],
-        "tx_packets": stats["tx"]["packets"],
-    }

@@ -36,8 +36,9 @@ HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS = 30
 SAFETY_FACTOR = 3.0
 # Connecting every pair of ranks and the rendezvous cost a handful of round trips.
 SETUP_ROUND_TRIPS = 10
-# horovodrun's start: ssh handshakes and logins, the task services, the rendezvous.
-START_ROUND_TRIPS = 20
+# horovodrun's start: ssh checks and logins (a dozen round trips each, more while TCP still
+# retransmits early), the task services, the rendezvous.
+START_ROUND_TRIPS = 40
 # With full frames of 1514 bytes, TCP carries 1448 payload bytes.
 WIRE_BYTES_PER_PAYLOAD_BYTE = ETHERNET_FRAME_BYTES / 1448
 

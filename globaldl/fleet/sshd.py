@@ -18,7 +18,7 @@ LOGIN_TIMEOUT_SECONDS = 20.0
 # One attempt may take this long on a busy machine (a handful of devices' sshd on a fraction of
 # a core each) before the next one starts.
 ATTEMPT_TIMEOUT_SECONDS = 10.0
-LOGIN_ROUND_TRIPS = 15
+LOGIN_ROUND_TRIPS = 25
 
 
 def generate_key(path: Path, comment: str) -> str:
@@ -136,7 +136,8 @@ def wait_for_login(
 ) -> None:
     """Log in by key as horovodrun will, until the device answers with its own host name.
 
-    An ssh login costs a dozen round trips (TCP, key exchange, authentication, the command),
+    An ssh login costs a dozen round trips (TCP, key exchange, authentication, the command)
+    and more where TCP retransmits before it has measured the round trip,
     so every wait grows with the device's round trip to the host; on NB-IoT that is minutes.
     """
     round_trips_seconds = LOGIN_ROUND_TRIPS * round_trip_ms / 1000

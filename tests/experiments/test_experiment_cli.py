@@ -129,4 +129,7 @@ def test_all_dry_run_prints_every_plan() -> None:
         ("bottleneck", "4"),
         ("recovery", "2"),
         ("balance", "2"),
+        ("latency", "4"),
+        ("scale", "3"),
+        ("sites", "1"),
     ]

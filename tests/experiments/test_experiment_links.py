@@ -151,3 +151,22 @@ def test_sites_plan_is_one_16_device_run_in_4_sites_and_a_flat_comparison():
     )
     assert flat.fleet.sites is None and flat.fleet.devices == 16
     assert [spec.fleet.sites for spec in SitesExperiment(quick=True).plan()] == ["2x2"]
+
+
+def test_latency_scale_and_sites_commands_print_their_plans_and_name_bad_delays():
+    from typer.testing import CliRunner
+
+    from globaldl.cli.main import app
+
+    runner = CliRunner()
+    latency = runner.invoke(app, ["experiment", "latency", "--dry-run", "--delays-ms", "0,50"])
+    assert latency.exit_code == 0, latency.output
+    assert "latency: 6 runs" in latency.output and "--profile custom:5:20:50" in latency.output
+    sites = runner.invoke(app, ["experiment", "sites", "--dry-run", "--quick"])
+    assert "--sites 2x2 --lan lan --wan lte" in sites.output, sites.output
+    assert (
+        "scale: 3 runs"
+        in runner.invoke(app, ["experiment", "scale", "--dry-run", "--quick"]).output
+    )
+    bad = runner.invoke(app, ["experiment", "latency", "--dry-run", "--delays-ms", "0,fast"])
+    assert bad.exit_code == 2 and "'fast' is not a number" in bad.output
