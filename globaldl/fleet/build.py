@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -56,6 +57,10 @@ def create_fleet(
         state, "bridge", plan.bridge, ["ip", "link", "add", plan.bridge, "type", "bridge"]
     )
     run(["ip", "addr", "add", f"{plan.host_address}/{plan.prefix_length}", "dev", plan.bridge])
+    # A bridge takes the lowest MAC of its ports unless given one: pin it, the devices' static
+    # neighbour entries point at it.
+    address = Path(f"/sys/class/net/{plan.bridge}/address").read_text().strip()
+    run(["ip", "link", "set", plan.bridge, "address", address])
     run(["ip", "link", "set", plan.bridge, "up"])
 
     group_parent = f"{plan.prefix}-fleet"
@@ -85,6 +90,7 @@ def create_fleet(
         )
         state.devices.append(device)
         state.save()
+    install_neighbours(state)
     if state.sites:
         write_site_map(
             state_dir / "sites.yaml",
@@ -112,6 +118,37 @@ def create_fleet(
         device.status = "up"
     state.phase = "up"
     state.save()
+
+
+def install_neighbours(state: FleetState, devices: list[DeviceState] | None = None) -> None:
+    """Static neighbour (ARP) entries: every device knows the host's and every device's MAC.
+
+    Cellular links carry no ARP, and ARP over a slow link fails: Linux gives up on an address
+    after three 1 s retries, long before an NB-IoT reply (~23 s device to device) comes back.
+    `devices` limits it to those devices' own tables (a revived device: taking its link down
+    flushed them); the host's entries sit on the bridge, which never goes down.
+    """
+    macs = {device.address: _mac(device.name, DEVICE_INTERFACE) for device in state.devices}
+    host_mac = Path(f"/sys/class/net/{state.bridge}/address").read_text().strip()
+    for device in devices if devices is not None else state.devices:
+        entries = {state.host_address: host_mac, **macs}
+        entries.pop(device.address)
+        _set_neighbours(device.name, DEVICE_INTERFACE, entries)
+    if devices is None:
+        _set_neighbours(None, state.bridge, macs)
+
+
+def _mac(netns: str, interface: str) -> str:
+    link = json.loads(run(["ip", "-n", netns, "-j", "link", "show", "dev", interface]).stdout)
+    return str(link[0]["address"])
+
+
+def _set_neighbours(netns: str | None, interface: str, entries: dict[str, str]) -> None:
+    batch = "".join(
+        f"neigh replace {address} lladdr {mac} dev {interface} nud permanent\n"
+        for address, mac in entries.items()
+    )
+    run(["ip", *(["-n", netns] if netns else []), "-batch", "-"], input_text=batch)
 
 
 def _create_device(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from globaldl.fleet import cgroups, sshd, vde
-from globaldl.fleet.build import create_fleet, host_round_trip_ms, start_sshd
+from globaldl.fleet.build import create_fleet, host_round_trip_ms, install_neighbours, start_sshd
 from globaldl.fleet.host import (
     check_state_dir_is_private,
     check_subnet_is_free,
@@ -362,8 +362,9 @@ class Fleet:
             return
         run(["ip", "link", "set", device.host_interface, "up"])
         run(["ip", "-n", device.name, "link", "set", DEVICE_INTERFACE, "up"])
-        # Taking eth0 down dropped the default route through it.
+        # Taking eth0 down dropped the default route through it, and its neighbour entries.
         run(["ip", "-n", device.name, "route", "replace", "default", "via", state.host_address])
+        install_neighbours(state, [device])
         if not sshd_alive(device):
             start_sshd(self.state_dir, device)
         state.save()
