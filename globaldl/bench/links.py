@@ -81,8 +81,8 @@ def measure_links(
 
 
 def _short(measured: dict[str, Any]) -> str:
-    round_trip = measured["round_trip"]
-    text = f"round trip {round_trip['round_trip_ms_median']:.1f} ms"
+    median = measured["round_trip"]["round_trip_ms_median"]
+    text = f"round trip {median:.1f} ms" if median is not None else "no echo came back"
     if "rate" in measured:
         text += f", {measured['rate']['frame_bits_per_second'] / 1e6:.3f} Mbit/s"
     return text
