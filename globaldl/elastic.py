@@ -299,8 +299,10 @@ class _ElasticLoop:
             # Every step advances the global step by one (skipped steps too): count it here
             # rather than read the variable back after every step.
             step = int(trainer.step.numpy())
+            progress = trainer.epoch_progress(state.epoch, first)
             for index in range(first, steps_per_epoch):
                 trainer.run_step(iterator, self.observer, self.totals, state.epoch_totals)
+                progress.step_done(index + 1)
                 step += 1
                 state.note_step_done()
                 state.fraction = (index + 1) / steps_per_epoch

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from functools import lru_cache
 from importlib import resources
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+
+from globaldl.files import write_json_atomically
 
 SCHEMA_VERSION = 1
 
@@ -54,22 +55,6 @@ def check_writable(path: Path) -> None:
         raise SummaryError(
             f"summary path {path}: directory {directory} is not writable ({error.strerror})"
         ) from error
-
-
-def write_json_atomically(path: Path, document: Any) -> None:
-    """Write JSON to a temporary file in the same directory, then rename it into place."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}-")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(document, stream, indent=2, sort_keys=True)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def write(path: Path, summary: dict[str, Any]) -> None:

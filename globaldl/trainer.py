@@ -29,6 +29,7 @@ from globaldl.exchange import Exchange
 from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.pipelines import InputPipeline, make_pipeline
+from globaldl.progress import EpochProgress, NoProgress
 from globaldl.settings import TrainSettings
 from globaldl.step import CORRECT, LOSS, SKIPPED, WIRE_BYTES, StepParts, build_train_step
 
@@ -330,13 +331,23 @@ class Trainer:
             epoch_started = time.perf_counter()
             iterator = iter(self.pipeline.train_batches(epoch))
             epoch_totals = np.zeros(3)
-            for _ in range(self.steps_per_epoch):
+            progress = self.epoch_progress(epoch)
+            for index in range(self.steps_per_epoch):
                 self.run_step(iterator, observer, totals, epoch_totals)
+                progress.step_done(index + 1)
             last = self.end_epoch(
                 epoch, epoch_totals, self.steps_per_epoch, epoch_started, observer, totals
             )
             history.append(last.as_dict())
         return self.finish(last, totals, history, time.perf_counter() - started, first_epoch)
+
+    def epoch_progress(self, epoch: int, first_step: int = 0) -> EpochProgress:
+        """The progress line within `epoch` (rank 0; the other ranks print nothing)."""
+        if self.rank != 0:
+            return NoProgress()
+        return EpochProgress(
+            epoch, self.settings.epochs, self.steps_per_epoch, self.global_batch_size, first_step
+        )
 
     def run_step(
         self,

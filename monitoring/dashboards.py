@@ -18,7 +18,7 @@ from grafana_foundation_sdk.models import common as common_models
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
-from globaldl.monitoring.files import write_text_atomically
+from globaldl.files import write_text_atomically
 
 DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "dashboards"
 """deploy/grafana/dashboards/: the generated JSON, committed and provisioned into Grafana."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from globaldl.monitoring.files import write_text_atomically
+from globaldl.files import write_text_atomically
 from globaldl.monitoring.metrics import check_run_id
 
 

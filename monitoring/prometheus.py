@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from globaldl.monitoring.files import write_text_atomically
+from globaldl.files import write_text_atomically
 from globaldl.monitoring.promql import PrometheusApi
 
 DEFAULT_PORT = 19090

@@ -16,7 +16,7 @@ import matplotlib
 # no global figure state, no window.
 from matplotlib.figure import Figure
 
-from globaldl.monitoring.files import write_bytes_atomically, write_text_atomically
+from globaldl.files import write_bytes_atomically, write_text_atomically
 from globaldl.monitoring.metrics import check_run_id
 from globaldl.monitoring.phases import (
     PHASES,

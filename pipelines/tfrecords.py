@@ -19,14 +19,13 @@ renamed into place, so a reader never sees half a file.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from globaldl.files import atomic_path, write_json_atomically
 from globaldl.pipelines.datasets import content_sha256
 from globaldl.pipelines.sharding import strided_indices
 from globaldl.pipelines.source import ExampleSource
@@ -236,7 +235,7 @@ def _open_manifest(
     path = directory / MANIFEST_NAME
     if not path.exists():
         manifest = _expected_manifest(arrays, seed, max(MIN_SHARDS, num_ranks))
-        _write_json_atomically(path, manifest)
+        write_json_atomically(path, manifest)
         return manifest
     try:
         manifest = json.loads(path.read_text())
@@ -297,14 +296,9 @@ def _write_shard_atomically(
     """Write the examples of one shard to a temporary file, then rename it to ``path``."""
     images = arrays.images(split)
     labels = arrays.labels(split)
-    temporary = _temporary_name(path)
-    try:
-        with tf.io.TFRecordWriter(str(temporary)) as writer:
-            for index in strided_indices(len(labels), shard, num_shards):
-                writer.write(_serialize(images[index], int(labels[index]), int(index)))
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with atomic_path(path) as temporary, tf.io.TFRecordWriter(str(temporary)) as writer:
+        for index in strided_indices(len(labels), shard, num_shards):
+            writer.write(_serialize(images[index], int(labels[index]), int(index)))
 
 
 def _serialize(image: np.ndarray, label: int, index: int) -> bytes:
@@ -315,21 +309,6 @@ def _serialize(image: np.ndarray, label: int, index: int) -> bytes:
         "index": tf.train.Feature(int64_list=tf.train.Int64List(value=[index])),
     }
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
-def _write_json_atomically(path: Path, content: dict[str, Any]) -> None:
-    """Write ``content`` as JSON to a temporary file in the same directory, then rename it."""
-    temporary = _temporary_name(path)
-    try:
-        temporary.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def _temporary_name(path: Path) -> Path:
-    """A name in ``path``'s directory that no other process or rank will pick."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
 
 
 def _short(value: Any) -> str:

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import os
 import platform
-import tempfile
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from globaldl.summary import write_json_atomically
+from globaldl.files import write_json_atomically, write_text_atomically
 
 
 def machine_description() -> dict[str, Any]:
-    """The machine a number was measured on: CPU, cores, memory, software versions."""
+    """The machine a number was measured on: CPU, cores, memory, software versions.
+
+    Versions come from the installed distributions, so writing results never loads
+    TensorFlow or Horovod (seconds of start-up for a report).
+    """
     import psutil
-    import tensorflow as tf
 
     import globaldl
 
@@ -27,22 +30,23 @@ def machine_description() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
-        import horovod
-
-        horovod_version = horovod.__version__
-    except ImportError:
-        horovod_version = "not installed"
     return {
         "cpu": cpu_model,
         "cores": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "horovod": horovod_version,
+        "tensorflow": _installed_version("tensorflow"),
+        "horovod": _installed_version("horovod"),
         "globaldl": globaldl.__version__,
     }
+
+
+def _installed_version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
@@ -70,11 +74,18 @@ def write_results(
     command: str = "",
     columns: Sequence[str] | None = None,
     extra: Mapping[str, Any] | None = None,
+    markdown_rows: Sequence[Mapping[str, Any]] | None = None,
+    machine: Mapping[str, Any] | None = None,
 ) -> tuple[Path, Path]:
-    """Write `name`.json and `name`.md into `out_dir` (atomically); return both paths."""
+    """Write `name`.json and `name`.md into `out_dir` (atomically); return both paths.
+
+    The markdown table shows `markdown_rows` when given (e.g. values with their ranges as
+    text), else `rows`; the JSON always holds `rows`. `machine` is the machine the numbers
+    were measured on (default: this one; a report rebuilt elsewhere passes the original).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    machine = machine_description()
+    machine = dict(machine or machine_description())
     document = {
         "title": title,
         "command": command,
@@ -88,20 +99,10 @@ def write_results(
     text = f"# {title}\n\n"
     if command:
         text += f"Measured with `{command}`\n\n"
-    text += f"Machine: {machine_line}.\n\n" + markdown_table(rows, columns)
+    shown = rows if markdown_rows is None else markdown_rows
+    text += f"Machine: {machine_line}.\n\n" + markdown_table(shown, columns)
     if notes:
         text += "\n" + notes.strip() + "\n"
     md_path = out_dir / f"{name}.md"
-    _write_text_atomically(md_path, text)
+    write_text_atomically(md_path, text)
     return json_path, md_path
-
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -7,10 +7,11 @@ import typer
 from globaldl.cli import (
     bench,
     dashboards,
+    doctor,
     experiment,
-    experiment_links,  # noqa: F401 (registers latency, scale, sites)
     fleet,
     monitor,
+    provision,
     report,
     train,
 )
@@ -23,13 +24,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command(name="train")(train.train)
+app.command(name="train", cls=train.PlainHelpCommand)(train.train)
+app.command(name="doctor")(doctor.doctor)
 app.add_typer(bench.app, name="bench")
 app.add_typer(fleet.app, name="fleet")
 app.add_typer(monitor.app, name="monitor")
 app.add_typer(dashboards.app, name="dashboards")
 app.add_typer(report.app, name="report")
 app.add_typer(experiment.app, name="experiment")
+app.add_typer(provision.app, name="provision")
 
 
 @app.callback()

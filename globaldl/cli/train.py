@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from globaldl.cli.errors import user_errors
+from globaldl.cli.quiet import quiet_native_start
 from globaldl.settings import (
     BALANCE_NAMES,
     DATASET_NAMES,
@@ -21,7 +23,20 @@ from globaldl.settings import (
 
 
 def _choices(names: tuple[object, ...]) -> str:
-    return "|".join(str(name) for name in names)
+    # Comma and space: a help layout wraps between choices; `a|b|c` is one word it must cut.
+    return ", ".join(str(name) for name in names)
+
+
+class PlainHelpCommand(TyperCommand):
+    """`train --help` in click's plain layout: at 80 columns it wraps every option and choice.
+
+    Rich's three-column table gives ~25 columns to the help of 38 options there and cuts what
+    does not fit (`lenet|resnet|mlp|vi…`, `--max-steps-per-epo…`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["rich_markup_mode"] = None
+        super().__init__(*args, **kwargs)
 
 
 def train(
@@ -29,43 +44,43 @@ def train(
         Path | None, typer.Option(help="YAML file of settings (flag > file > GLOBALDL_* env).")
     ] = None,
     model: Annotated[
-        str | None, typer.Option(help=f"Model: {_choices(MODEL_NAMES)} [default: lenet].")
+        str | None, typer.Option(help=f"Model: {_choices(MODEL_NAMES)} (default: lenet).")
     ] = None,
     dataset: Annotated[
-        str | None, typer.Option(help=f"Dataset: {_choices(DATASET_NAMES)} [default: mnist].")
+        str | None, typer.Option(help=f"Dataset: {_choices(DATASET_NAMES)} (default: mnist).")
     ] = None,
     depth: Annotated[
-        int | None, typer.Option(help=f"ResNet depth: {_choices(RESNET_DEPTHS)} [default: 20].")
+        int | None, typer.Option(help=f"ResNet depth: {_choices(RESNET_DEPTHS)} (default: 20).")
     ] = None,
-    layers: Annotated[int | None, typer.Option(help="MLP hidden layers [default: 3].")] = None,
-    width: Annotated[int | None, typer.Option(help="MLP layer width [default: 128].")] = None,
-    epochs: Annotated[int | None, typer.Option(help="Epochs [default: 2].")] = None,
+    layers: Annotated[int | None, typer.Option(help="MLP hidden layers (default: 3).")] = None,
+    width: Annotated[int | None, typer.Option(help="MLP layer width (default: 128).")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Epochs (default: 2).")] = None,
     batch_size: Annotated[
-        int | None, typer.Option(help="Batch size per rank [default: 16].")
+        int | None, typer.Option(help="Batch size per rank (default: 16).")
     ] = None,
     max_steps_per_epoch: Annotated[
         int | None, typer.Option(help="Cap on steps per epoch (short runs).")
     ] = None,
     optimizer: Annotated[
         str | None,
-        typer.Option(help=f"Optimizer: {_choices(OPTIMIZER_NAMES)} [default: sgd with momentum]."),
+        typer.Option(help=f"Optimizer: {_choices(OPTIMIZER_NAMES)} (default: sgd with momentum)."),
     ] = None,
     learning_rate: Annotated[
-        float | None, typer.Option(help="Learning rate for one rank [default: 0.01].")
+        float | None, typer.Option(help="Learning rate for one rank (default: 0.01).")
     ] = None,
     momentum: Annotated[
-        float | None, typer.Option(help="SGD momentum (DGC: momentum correction) [default: 0.9].")
+        float | None, typer.Option(help="SGD momentum (DGC: momentum correction) (default: 0.9).")
     ] = None,
     scale_lr: Annotated[
         bool | None,
         typer.Option(
             "--scale-lr/--no-scale-lr",
-            help="Multiply the learning rate by the number of ranks [default: on].",
+            help="Multiply the learning rate by the number of ranks (default: on).",
         ),
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option(help="Seed for data order, initial weights and codecs [default: 0]."),
+        typer.Option(help="Seed for data order, initial weights and codecs (default: 0)."),
     ] = None,
     data_dir: Annotated[
         Path | None,
@@ -93,44 +108,44 @@ def train(
     ] = None,
     run_id: Annotated[
         str | None,
-        typer.Option(help="Run id for metrics and summary [default: from rank 0's start time]."),
+        typer.Option(help="Run id for metrics and summary (default: from rank 0's start time)."),
     ] = None,
     prune: Annotated[
         str | None,
-        typer.Option(help=f"Step 1, gradient pruning: {_choices(PRUNE_NAMES)} [default: none]."),
+        typer.Option(help=f"Step 1, gradient pruning: {_choices(PRUNE_NAMES)} (default: none)."),
     ] = None,
     density: Annotated[
         float | None,
-        typer.Option(help="Fraction of gradient entries kept by pruning [default: 0.01]."),
+        typer.Option(help="Fraction of gradient entries kept by pruning (default: 0.01)."),
     ] = None,
     quantize: Annotated[
         str | None,
-        typer.Option(help=f"Step 2, quantization: {_choices(QUANTIZE_NAMES)} [default: none]."),
+        typer.Option(help=f"Step 2, quantization: {_choices(QUANTIZE_NAMES)} (default: none)."),
     ] = None,
     error_feedback: Annotated[
         bool | None,
         typer.Option(
             "--error-feedback/--no-error-feedback",
-            help="Carry what was not sent into the next step [default: on].",
+            help="Carry what was not sent into the next step (default: on).",
         ),
     ] = None,
     block_size: Annotated[
-        int | None, typer.Option(help="int8: values per scale [default: 256].")
+        int | None, typer.Option(help="int8: values per scale (default: 256).")
     ] = None,
     qsgd_levels: Annotated[
-        int | None, typer.Option(help="QSGD quantization levels [default: 16].")
+        int | None, typer.Option(help="QSGD quantization levels (default: 16).")
     ] = None,
     weight_sparsity: Annotated[
-        float | None, typer.Option(help="Final fraction of weights pruned to zero [default: 0].")
+        float | None, typer.Option(help="Final fraction of weights pruned to zero (default: 0).")
     ] = None,
     warmup_epochs: Annotated[
-        int | None, typer.Option(help="DGC: epochs over which density ramps down [default: 0].")
+        int | None, typer.Option(help="DGC: epochs over which density ramps down (default: 0).")
     ] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve Prometheus metrics on this port + local rank.")
     ] = None,
     metrics_addr: Annotated[
-        str | None, typer.Option(help="Address the metrics endpoint binds to [default: 127.0.0.1].")
+        str | None, typer.Option(help="Address the metrics endpoint binds to (default: 127.0.0.1).")
     ] = None,
     metrics_certfile: Annotated[
         Path | None, typer.Option(help="TLS certificate for the metrics endpoint.")
@@ -146,13 +161,13 @@ def train(
         ),
     ] = None,
     device: Annotated[
-        str | None, typer.Option(help="Device name in metrics [default: host name].")
+        str | None, typer.Option(help="Device name in metrics (default: host name).")
     ] = None,
     balance: Annotated[
         str | None,
         typer.Option(
             help=f"Work per device: {_choices(BALANCE_NAMES)}; speed = local batch in "
-            "proportion to measured speed [default: equal]."
+            "proportion to measured speed (default: equal)."
         ),
     ] = None,
     elastic: Annotated[
@@ -160,14 +175,14 @@ def train(
         typer.Option(
             "--elastic/--no-elastic",
             help="Run under Horovod Elastic (horovodrun --min-np/--max-np/"
-            "--host-discovery-script): devices may leave and join [default: off].",
+            "--host-discovery-script): devices may leave and join (default: off).",
         ),
     ] = None,
     commit_every: Annotated[
         int | None,
         typer.Option(
             help="Elastic: commit the training state every K steps; a failure loses "
-            "at most K steps [default: 20]."
+            "at most K steps (default: 20)."
         ),
     ] = None,
     inject_nan_step: Annotated[
@@ -176,20 +191,25 @@ def train(
     ] = None,
     inject_nan_rank: Annotated[
         int | None,
-        typer.Option(help="Fault injection: the rank whose gradients turn NaN [default: 0]."),
+        typer.Option(help="Fault injection: the rank whose gradients turn NaN (default: 0)."),
     ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", help="Show TensorFlow's native start-up messages (hidden by default)."
+        ),
+    ] = False,
 ) -> None:
     """Train a model; run it alone, or under horovodrun on many devices with no change."""
     flags = dict(locals())
     config_file = flags.pop("config")
+    flags.pop("verbose")
     with user_errors():
         settings = resolve_settings(flags, config_file)
         # TensorFlow loads only once the settings are valid.
-        if settings.elastic:
-            from globaldl.elastic import run_elastic
-
-            run_elastic(settings)
-        else:
-            from globaldl.trainer import run
-
-            run(settings)
+        with quiet_native_start(verbose):
+            if settings.elastic:
+                from globaldl.elastic import run_elastic as run
+            else:
+                from globaldl.trainer import run
+        run(settings)

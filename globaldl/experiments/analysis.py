@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,87 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 @dataclass(frozen=True)
+class Spread:
+    """A value measured over repeats: median, lowest and highest, and how many repeats.
+
+    `math.inf` stands for "not reached" (a time to accuracy never reached).
+    """
+
+    median: float
+    low: float
+    high: float
+    count: int
+
+    @classmethod
+    def of(cls, values: Iterable[Any]) -> Spread | None:
+        """The spread of the numbers among `values` ("not reached" = inf); None if none."""
+        numbers = [as_number(value) for value in values]
+        present = sorted(number for number in numbers if number is not None)
+        if not present:
+            return None
+        return cls(statistics.median(present), present[0], present[-1], len(present))
+
+    @classmethod
+    def single(cls, value: float) -> Spread:
+        """One measurement."""
+        return cls(value, value, value, 1)
+
+    @property
+    def reached(self) -> bool:
+        """The median is a number (not "not reached")."""
+        return math.isfinite(self.median)
+
+    def ratio_to(self, other: Spread) -> Spread:
+        """Ratio to `other`: the ratio of the medians, and the widest ratio the ranges allow."""
+        return Spread(
+            _divide(self.median, other.median),
+            _divide(self.low, other.high),
+            _divide(self.high, other.low),
+            min(self.count, other.count),
+        )
+
+    def contains(self, value: float) -> bool:
+        """`value` lies within [low, high]."""
+        return self.low <= value <= self.high
+
+    def text(self, unit: str = "", digits: int = 3) -> str:
+        """`14.6 s [13.9-15.2]` for unit " s" (`14.6 s` when every repeat gave the same)."""
+
+        def number(value: float) -> str:
+            return significant(value, digits) if math.isfinite(value) else NOT_REACHED
+
+        median = number(self.median) + (unit if self.reached else "")
+        if self.low == self.high:
+            return median
+        return f"{median} [{number(self.low)}-{number(self.high)}]"
+
+
+def significant(value: float, digits: int = 3) -> str:
+    """`value` with `digits` significant digits and no exponent: 0.0519, 14.6, 93.2, 1005."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
+def _divide(numerator: float, denominator: float) -> float:
+    if denominator == 0:
+        return math.inf
+    if math.isinf(numerator) and math.isinf(denominator):
+        return math.nan
+    return numerator / denominator
+
+
+def as_number(value: Any) -> float | None:
+    """A number from a table cell: "not reached" is inf; text, bools, None and NaN are None."""
+    if value == NOT_REACHED:
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return None if math.isnan(value) else float(value)
+
+
+@dataclass(frozen=True)
 class TargetCheck:
     """A goal globaldl sets itself, evaluated on measured numbers (reported, never asserted).
 
@@ -108,79 +190,143 @@ class TargetCheck:
         return {"goal": self.goal, "status": self.status, "measured": self.measured}
 
 
-def _seconds_text(seconds: float | None) -> str:
-    return NOT_REACHED if seconds is None else f"{seconds:.1f} s"
+Measured = float | Spread | None
+
+
+def _spread(value: Measured) -> Spread | None:
+    """A measurement as a Spread; None (and a median of "not reached") stay None."""
+    if value is None:
+        return None
+    spread = value if isinstance(value, Spread) else Spread.single(float(value))
+    return spread if spread.reached else None
+
+
+def _repeats_note(*spreads: Spread | None) -> str:
+    counts = sorted({spread.count for spread in spreads if spread is not None})
+    if not counts or counts == [1]:
+        return ""
+    if len(counts) == 1:
+        return f"; medians of {counts[0]} repeats"
+    return f"; medians of {counts[0]} to {counts[-1]} repeats"
+
+
+def _ratio_notes(ratio: Spread, factor: float) -> str:
+    """Say when the ranges cannot tell the two apart, or straddle the target's factor."""
+    if ratio.low == ratio.high:
+        return ""
+    notes = []
+    if ratio.contains(1.0):
+        notes.append("the ranges overlap: the two are not distinguishable")
+    if factor != 1.0 and ratio.contains(factor):
+        notes.append(f"the range crosses {factor:g}x")
+    return "".join(f"; {note}" for note in notes)
 
 
 def at_least_times_sooner(
     goal: str,
-    faster_seconds: float | None,
-    slower_seconds: float | None,
+    faster_seconds: Measured,
+    slower_seconds: Measured,
     factor: float,
-    slower_total_seconds: float | None = None,
+    slower_total_seconds: Measured = None,
 ) -> TargetCheck:
-    """Met when `faster_seconds` * factor <= `slower_seconds` (both: time to the target).
+    """Met when the faster median x factor <= the slower median (both: time to the target).
 
-    When the slower run never reached the target, its whole training time
+    Values are seconds or Spreads over repeats (None or a median of "not reached": never
+    reached). When the slower run never reached the target, its whole training time
     (`slower_total_seconds`) bounds the speed-up from below: met if even that bound clears
     `factor`, otherwise not evaluated.
     """
-    if faster_seconds is None:
-        if slower_seconds is None:
+    faster, slower = _spread(faster_seconds), _spread(slower_seconds)
+    if faster is None:
+        if slower is None:
             return TargetCheck(goal, f"{NOT_REACHED} by either run", None)
         return TargetCheck(
-            goal, f"{NOT_REACHED} by the faster run; baseline {slower_seconds:.1f} s", False
+            goal, f"{NOT_REACHED} by the faster run; baseline {slower.text(' s')}", False
         )
-    if slower_seconds is None:
-        if slower_total_seconds is None:
+    if slower is None:
+        total = _spread(slower_total_seconds)
+        if total is None:
             return TargetCheck(goal, f"baseline {NOT_REACHED}", None)
-        bound = slower_total_seconds / faster_seconds if faster_seconds > 0 else math.inf
+        bound = total.ratio_to(faster)
         return TargetCheck(
             goal,
-            f"> {bound:.1f}x ({faster_seconds:.1f} s vs baseline {NOT_REACHED} in "
-            f"{slower_total_seconds:.1f} s)",
-            True if bound >= factor else None,
+            f"> {bound.text('x')} ({faster.text(' s')} vs baseline "
+            f"{NOT_REACHED} in {total.text(' s')}{_repeats_note(faster, total)})",
+            True if bound.median >= factor else None,
         )
-    speedup = slower_seconds / faster_seconds if faster_seconds > 0 else math.inf
+    speedup = slower.ratio_to(faster)
     return TargetCheck(
         goal,
-        f"{speedup:.1f}x ({faster_seconds:.1f} s vs {slower_seconds:.1f} s)",
-        speedup >= factor,
+        f"{speedup.text('x')} ({faster.text(' s')} vs "
+        f"{slower.text(' s')}{_repeats_note(faster, slower)}{_ratio_notes(speedup, factor)})",
+        speedup.median >= factor,
     )
 
 
 def at_most_times(
-    goal: str, value: float | None, reference: float | None, factor: float, unit: str = "s"
+    goal: str, value: Measured, reference: Measured, factor: float, unit: str = "s"
 ) -> TargetCheck:
-    """Met when value <= factor * reference."""
-    if value is None or reference is None or reference <= 0:
+    """Met when the median of `value` <= factor x the median of `reference`."""
+    measured, baseline = _spread(value), _spread(reference)
+    if measured is None or baseline is None or baseline.median <= 0:
         return TargetCheck(goal, "missing runs", None)
-    times = value / reference
+    times = measured.ratio_to(baseline)
     return TargetCheck(
-        goal, f"{times:.2f}x ({value:.4g} {unit} vs {reference:.4g} {unit})", times <= factor
+        goal,
+        f"{times.text('x')} ({measured.text(f' {unit}')} vs "
+        f"{baseline.text(f' {unit}')}{_repeats_note(measured, baseline)}"
+        f"{_ratio_notes(times, factor)})",
+        times.median <= factor,
     )
 
 
-def falls_with_devices(goal: str, seconds_by_devices: Mapping[int, float | None]) -> TargetCheck:
-    """Met when the largest fleet reaches the target sooner than the smallest one.
+NO_RESULT = "no finished run"
 
-    `measured` lists every fleet size and says whether the fall is monotone.
+
+def falls_with_devices(goal: str, seconds_by_devices: Mapping[int, Measured | str]) -> TargetCheck:
+    """Met when the time falls at every step from the smallest fleet to the largest (medians).
+
+    One definition for the status and the text: `measured` lists every fleet size and names
+    each step where the time does not fall. None (or a Spread whose median is inf) is a fleet
+    that never reached the target, slower than any time; NO_RESULT a fleet without a finished
+    run, which leaves the goal open.
     """
     if len(seconds_by_devices) < 2:
         return TargetCheck(goal, "fewer than two fleet sizes", None)
     sizes = sorted(seconds_by_devices)
-    listed = ", ".join(f"{n}: {_seconds_text(seconds_by_devices[n])}" for n in sizes)
-    first, last = seconds_by_devices[sizes[0]], seconds_by_devices[sizes[-1]]
-    if first is None:
+    spreads: dict[int, Spread | None] = {}
+    for n in sizes:
+        value = seconds_by_devices[n]
+        if value is None:
+            spreads[n] = Spread.single(math.inf)
+        elif isinstance(value, str):
+            if value != NO_RESULT:
+                raise ValueError(f"fleet size {n}: {value!r} is not a time or {NO_RESULT!r}")
+            spreads[n] = None
+        else:
+            spreads[n] = value if isinstance(value, Spread) else Spread.single(float(value))
+    listed = ", ".join(
+        f"{n}: {NO_RESULT if spread is None else spread.text(' s')}"
+        for n, spread in spreads.items()
+    ) + _repeats_note(*spreads.values())
+    smallest = spreads[sizes[0]]
+    if smallest is None or not smallest.reached:
         # Without the smallest fleet's time there is nothing to fall from.
         return TargetCheck(goal, f"{listed}; no time on the smallest fleet to compare", None)
-    if last is None:
-        return TargetCheck(goal, listed, False)
-    values = [seconds_by_devices[n] for n in sizes]
-    monotone = all(
-        later is not None and earlier is not None and later < earlier
-        for earlier, later in zip(values, values[1:], strict=False)
-    )
-    return TargetCheck(
-        goal, f"{listed}; falls at every step: {'yes' if monotone else 'no'}", last < first
-    )
+    missing = [n for n in sizes if spreads[n] is None]
+    if missing:
+        return TargetCheck(
+            goal,
+            f"{listed}; not evaluated without a finished run on "
+            f"{', '.join(map(str, missing))} devices",
+            None,
+        )
+    medians = {n: spread.median for n, spread in spreads.items() if spread is not None}
+    rises = [
+        f"{smaller} -> {larger}"
+        for smaller, larger in zip(sizes, sizes[1:], strict=False)
+        if not medians[larger] < medians[smaller]
+    ]
+    if rises:
+        return TargetCheck(goal, f"{listed}; does not fall at {', '.join(rises)}", False)
+    return TargetCheck(goal, f"{listed}; falls at every step", True)

@@ -1,4 +1,11 @@
-"""The Experiment base class, and `run_experiment`: plan -> fleet runs -> CSV, tables, plots."""
+"""The Experiment base class, and `run_experiment`: plan -> repeated fleet runs -> tables, plots.
+
+Outputs of an experiment NAME in its folder: `NAME.csv` (one row per run label: medians over
+the repeats, with `<column>_min`/`<column>_max` where repeats differ), `NAME-runs.csv` (one
+row per run, repeats and machine load included), `NAME.md` (the table as `median [min-max]`,
+the targets evaluated on medians, the protocol and the load of every run), `NAME.json`
+(everything, each run's summary included) and the PNG plots.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from globaldl.experiments.aggregate import aggregate_rows, presented
 from globaldl.experiments.analysis import (
     TargetCheck,
     device_tx_bytes_per_step,
@@ -14,14 +22,17 @@ from globaldl.experiments.analysis import (
     training_seconds,
     wire_bytes_per_step,
 )
-from globaldl.experiments.cycle_time import (
-    COORDINATION_BYTES_PER_CYCLE,
-    CYCLE_TIME_LADDER_MS,
-    HOROVOD_DEFAULT_CYCLE_TIME_MS,
-    MAX_COORDINATION_SHARE,
-)
 from globaldl.experiments.outputs import write_csv
-from globaldl.experiments.runner import ExperimentRunner, RunResult, load_results
+from globaldl.experiments.results import RunResult, load_results, portable
+from globaldl.experiments.runner import ExperimentRunner
+from globaldl.experiments.sections import (
+    link_notes,
+    load_columns,
+    load_markdown,
+    protocol_markdown,
+    protocol_record,
+    targets_markdown,
+)
 from globaldl.experiments.spec import RunSpec
 
 
@@ -30,11 +41,16 @@ class Experiment:
 
     A subclass sets `name` and `title` and overrides:
 
-    * `plan()`: every run (a list of RunSpec), runs that share a fleet next to each other;
-    * `rows(results)`: the table rows (by default one per run, see `run_row`);
-    * `columns`: the markdown table's columns (the CSV gets every column);
-    * `plots(rows, results, out_dir)`: the PNG files it draws (optional);
-    * `targets(rows, results)`: the goals it checks, as TargetChecks (optional);
+    * `plan()`: the runs of ONE repeat (a list of RunSpec), runs that share a fleet next to
+      each other; the runner repeats the plan (interleaved) and records the machine's load;
+    * `rows(results)`: one row per run, repeats included (by default `run_row`);
+    * `aggregate(rows)`: the table rows, one per label (by default the median of each
+      measured column over the finished repeats, with its min-max; see aggregate.py);
+    * `columns`: the markdown table's columns (the CSVs get every column);
+    * `plots(rows, results, out_dir)`: the PNG files it draws from the aggregated rows
+      (optional; `row_spread` gives a median with its range for error bars);
+    * `targets(rows, results)`: the goals it checks on the aggregated rows, i.e. on medians,
+      as TargetChecks (optional);
     * `method()`: how the runs are built, in markdown (optional).
 
     Example:
@@ -56,12 +72,16 @@ class Experiment:
         self.cycle_time_ms = cycle_time_ms
 
     def plan(self) -> list[RunSpec]:
-        """Every run of the experiment, in order."""
+        """The runs of one repeat of the experiment, in order."""
         raise NotImplementedError
 
     def rows(self, results: Sequence[RunResult]) -> list[dict[str, Any]]:
-        """Table rows: one per run by default."""
+        """One row per run (repeats included)."""
         return [run_row(result) for result in results]
+
+    def aggregate(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The table: one row per label, medians with their min-max over the repeats."""
+        return aggregate_rows(rows)
 
     def plots(
         self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult], out_dir: Path
@@ -95,7 +115,7 @@ class Experiment:
 def run_row(result: RunResult) -> dict[str, Any]:
     """The columns every run has: its factors, fleet, outcome and exact commands."""
     spec, summary = result.spec, result.summary
-    row: dict[str, Any] = {"label": spec.label, **spec.factors}
+    row: dict[str, Any] = {"label": spec.label, **spec.factors, "repeat": result.repeat}
     row.update(
         {
             "status": result.status,
@@ -128,8 +148,9 @@ def run_row(result: RunResult) -> dict[str, Any]:
     if result.accounting is not None:
         row["coordination_tx_bytes_per_second"] = result.accounting.get("extra_tx_bytes_per_second")
     row["run_seconds"] = result.run_seconds
-    row["train_command"] = result.train_command
-    row["fleet_command"] = result.fleet_command
+    row.update(load_columns(result))
+    row["train_command"] = portable(result.train_command)
+    row["fleet_command"] = portable(result.fleet_command)
     return row
 
 
@@ -150,65 +171,20 @@ class ExperimentReport:
         return [result for result in self.results if not result.ok]
 
 
-def link_notes(results: Sequence[RunResult]) -> str:
-    """What the fleet emulated and what it did not (latency), and the cycle times used."""
-    emulated = {result.latency_emulated for result in results}
-    delayed = any(result.link.impaired for result in results)
-    if not delayed:
-        latency = "The links shape rates only (tc tbf, layer-2 bytes); no profile adds delay."
-    elif emulated == {True}:
-        latency = (
-            "Delay, jitter and loss of the profiles were emulated in user space (vde2 wirefilter "
-            "between switches; globaldl/fleet/vde.py), rates shaped with tc tbf; the forwarding "
-            "processes ran in the fleet's `emulation` cgroup, outside the devices' CPU quotas."
-        )
-    else:
-        latency = (
-            "**Delay is NOT emulated in every run**: where the fleet could not emulate links "
-            "(column `latency_emulated` false) it shaped RATES only (tc tbf, layer-2 bytes). "
-            "Profiles keep their names, but no one-way delay, jitter or loss was added there."
-        )
-    cycles = sorted({result.cycle_time_ms for result in results})
-    cycle_text = ", ".join(f"{value:g} ms" for value in cycles) or "none"
-    return (
-        f"{latency}\n\n"
-        f"HOROVOD_CYCLE_TIME used: {cycle_text} (column `horovod_cycle_time_ms`). Horovod's "
-        f"default is {HOROVOD_DEFAULT_CYCLE_TIME_MS:g} ms, and its coordination sends about "
-        f"{COORDINATION_BYTES_PER_CYCLE} bytes per device per cycle even when idle (measured on "
-        "this fleet: 185 kB/s at 1 ms, 40 kB/s at 10 ms, 19 kB/s at 20 ms, 8 kB/s at 50 ms), "
-        "more than a slow-4G uplink at 1 ms; a longer cycle delays every collective instead. "
-        "Unless a run says otherwise, the cycle time is chosen per link: the shortest of "
-        f"{', '.join(f'{value:g}' for value in CYCLE_TIME_LADDER_MS)} ms that keeps idle "
-        f"coordination under {MAX_COORDINATION_SHARE:.0%} of the narrower direction "
-        "(globaldl/experiments/cycle_time.py). `coordination_tx_bytes_per_second` is what each "
-        "device's interface sent beyond the ring-allreduce share of the gradients, over the "
-        "whole run (fleet byte accounting)."
-    )
-
-
-def _targets_markdown(checks: Sequence[TargetCheck]) -> str:
-    from globaldl.bench.results import markdown_table
-
-    if not checks:
-        return ""
-    return "## Targets (reported, never asserted)\n\n" + markdown_table(
-        [check.as_row() for check in checks], ["goal", "status", "measured"]
-    )
-
-
 def run_experiment(
     experiment: Experiment,
     runner: ExperimentRunner,
     out_dir: Path,
     command: str = "",
     only: Sequence[str] | None = None,
+    repeats: int = 1,
 ) -> ExperimentReport:
-    """Run the experiment's plan on the fleet, then write CSV, JSON, markdown and plots.
+    """Run the experiment's plan `repeats` times (interleaved), then write its outputs.
 
-    With `only` (run labels) just those runs run; the outputs also take every other run of
-    the plan already in `out_dir` (to re-run one failed or disturbed run). Whatever ran is
-    written even when a run or the fleet fails, or the user interrupts; the exception then
-    propagates after the outputs are written (marked incomplete).
+    With `only` (run labels) just those runs run (every repeat); the outputs also take every
+    other run of the plan already in `out_dir` (to re-run one failed or disturbed run).
+    Whatever ran is written even when a run or the fleet fails, or the user interrupts; the
+    exception then propagates after the outputs are written (marked incomplete).
     """
     specs = experiment.plan()
     chosen = specs
@@ -223,16 +199,27 @@ def run_experiment(
     # Refusals (a bad plan, a fleet already up) come before anything is run or written.
     runner.validate(chosen)
     runner.check_no_fleet_up()
-    kept = load_results(out_dir, [spec for spec in specs if spec not in chosen])
+    recorded = load_results(out_dir, specs, name=experiment.name)
+    chosen_labels = {spec.label for spec in chosen}
+    kept = [result for result in recorded if result.spec.label not in chosen_labels]
     fresh: list[RunResult] = []
     complete = False
     try:
-        runner.run(chosen, collected=fresh)
+        runner.run(chosen, collected=fresh, repeats=repeats, earlier=recorded)
         complete = True
     finally:
-        by_label = {result.spec.label: result for result in [*kept, *fresh]}
-        results = [by_label[spec.label] for spec in specs if spec.label in by_label]
-        report = write_outputs(experiment, results, out_dir, command, complete=complete)
+        position = {spec.label: index for index, spec in enumerate(specs)}
+        results = sorted(
+            [*kept, *fresh], key=lambda result: (result.repeat, position[result.spec.label])
+        )
+        report = write_outputs(
+            experiment,
+            results,
+            out_dir,
+            command,
+            complete=complete,
+            protocol=protocol_record(runner, repeats),
+        )
     return report
 
 
@@ -243,24 +230,32 @@ def write_outputs(
     command: str = "",
     *,
     complete: bool = True,
+    protocol: dict[str, Any] | None = None,
+    machine: dict[str, Any] | None = None,
 ) -> ExperimentReport:
-    """Write `<name>.csv`, `<name>.json`, `<name>.md` and the plots into `out_dir`."""
+    """Write `<name>.csv`, `<name>-runs.csv`, `<name>.json`, `<name>.md` and the plots.
+
+    `machine` describes where the runs were taken (default: this machine).
+    """
     from globaldl.bench.results import write_results
 
     out_dir = Path(out_dir)
-    rows = experiment.rows(results)
+    run_rows = experiment.rows(results)
+    rows = experiment.aggregate(run_rows)
     checks = experiment.targets(rows, results) if results else []
     plot_paths = experiment.plots(rows, results, out_dir) if rows else []
     csv_path = write_csv(out_dir / f"{experiment.name}.csv", rows)
+    runs_csv_path = write_csv(out_dir / f"{experiment.name}-runs.csv", run_rows)
     extra_paths = experiment.extra_outputs(results, out_dir)
+    repeats = (protocol or {}).get("repeats") or max((r.repeat for r in results), default=1)
     sections = []
     if not complete:
         sections.append(
-            f"**Incomplete**: {len(results)} of {len(experiment.plan())} runs finished before "
-            "the experiment stopped."
+            f"**Incomplete**: {len(results)} of {len(experiment.plan()) * repeats} runs "
+            "finished before the experiment stopped."
         )
     if checks:
-        sections.append(_targets_markdown(checks))
+        sections.append(targets_markdown(checks))
     if plot_paths:
         sections.append(
             "## Plots\n\n" + "\n".join(f"![{path.stem}]({path.name})" for path in plot_paths)
@@ -270,24 +265,34 @@ def write_outputs(
     if experiment.extra_markdown(results):
         sections.append(experiment.extra_markdown(results))
     if results:
+        sections.append(protocol_markdown(results, protocol))
+        if load_markdown(run_rows):
+            sections.append(load_markdown(run_rows))
         sections.append("## The links\n\n" + link_notes(results))
     sections.append(
-        f"Every run's exact `globaldl train` and `globaldl fleet run` commands are in "
-        f"`{csv_path.name}`; each run's summary, byte accounting and log are in `runs/<label>/`."
+        f"`{csv_path.name}` holds the medians and ranges, `{runs_csv_path.name}` every run with "
+        "its exact `globaldl train` and `globaldl fleet run` commands and its machine load; "
+        "each run's summary, byte accounting and log are in `runs/<label>/repeat-<k>/`."
     )
+    columns = [column for column in experiment.columns if any(column in row for row in rows)]
+    if columns:
+        columns += ["repeats", "busy_repeats"]
     json_path, md_path = write_results(
         out_dir,
         experiment.name,
         experiment.title,
         rows,
         notes="\n\n".join(sections),
-        command=command,
-        columns=[column for column in experiment.columns if any(column in row for row in rows)]
-        or None,
+        command=portable(command),
+        columns=columns or None,
+        markdown_rows=presented(rows, columns or list(rows[0]) if rows else []),
+        machine=machine,
         extra={
             "experiment": experiment.get_config(),
             "complete": complete,
+            "protocol": protocol,
             "targets": [check.as_row() for check in checks],
+            "run_rows": run_rows,
             "runs": [result.to_dict() for result in results],
         },
     )
@@ -296,6 +301,6 @@ def write_outputs(
         results=results,
         rows=rows,
         targets=checks,
-        paths=[csv_path, json_path, md_path, *extra_paths, *plot_paths],
+        paths=[csv_path, runs_csv_path, json_path, md_path, *extra_paths, *plot_paths],
         complete=complete,
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from globaldl.monitoring.files import write_bytes_atomically, write_text_atomically
+from globaldl.files import write_bytes_atomically, write_text_atomically
 
 
 def csv_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:

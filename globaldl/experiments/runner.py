@@ -1,38 +1,55 @@
-"""Run an experiment's plan on the emulated fleet: fleet up, `fleet run` per run, fleet down.
+"""Run an experiment's plan on the emulated fleet, under the benchmark protocol.
 
-Each group of adjacent runs that need the same fleet shares one `fleet up`; the fleet always
-comes down in a `finally`, also after Ctrl-C, a failed run or a timeout. Experiments use their
-own state dir, name prefix and subnet, so they never touch a fleet a user brought up, and they
-refuse to start while any fleet is up (it would compete for the same cores).
+The protocol (in the spirit of MLPerf's rules for a compared result):
 
-Every run is `globaldl fleet run -- <train args>` in a child process (real horovodrun over ssh
-into the namespaces), its output kept in the run's folder; the runner reads back the run
-summary and the fleet's byte accounting, and optionally scrapes every device's exporter.
+* every run of the plan is repeated `repeats` times (>= 3 for results people compare),
+  interleaved: repeat 1 of every run, then repeat 2, ... (globaldl/experiments/progress.py);
+* the machine's load is recorded during every run: CPU used outside the fleet, by link
+  emulation, by the experiment's own host processes, and the load average
+  (globaldl/experiments/load.py); a run above the BusyLimits is marked busy, and the
+  `busy_policy` decides: `mark` keeps it (marked), `refuse` keeps it out of the medians
+  (status "refused: ..."), `rerun` waits for a quiet machine and runs it again (at most
+  `max_reruns` times, then keeps it, marked);
+* tables report the median of the repeats with its min-max, and targets are evaluated on
+  the medians (globaldl/experiments/aggregate.py, experiment.py).
+
+The API for experiments (kept stable for the experiments written on other branches): an
+experiment's `plan()` returns the RunSpecs of ONE repeat, runs that share a fleet next to each
+other; `ExperimentRunner.run(specs, repeats=N)` runs them N times and returns a RunResult per
+run (with `repeat` and `load`); `run(specs)` alone runs them once, as before.
+
+Each stretch of adjacent runs that need the same fleet shares one `fleet up`; the fleet
+always comes down in a `finally`, also after Ctrl-C, a failed run or a timeout. Experiments
+use their own state dir, name prefix and subnet, so they never touch a fleet a user brought
+up, and refuse to start while any fleet is up (it would compete for the same cores).
+
+Every run is `globaldl fleet run -- <train args>` in a child process (fleet_run.py: real
+horovodrun over ssh into the namespaces), its output kept in the run's folder; the run summary
+and the fleet's byte accounting are read back, and every device's exporter optionally scraped.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import re
-import shlex
-import signal
-import subprocess
-import sys
-import threading
+import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from globaldl.experiments.analysis import mean_step_seconds, training_seconds
 from globaldl.experiments.cycle_time import auto_cycle_time_ms
-from globaldl.experiments.scrape import DeviceResources, ExporterScraper
-from globaldl.experiments.spec import Fault, FleetConfig, RunSpec, slug
-from globaldl.fleet.fleet import Fleet
+from globaldl.experiments.faults import FaultInjector
+from globaldl.experiments.fleet_run import run_once, save_result
+from globaldl.experiments.load import (
+    BusyLimits,
+    LoadSources,
+    measure_load,
+)
+from globaldl.experiments.progress import RunClock, ScheduledRun, earlier_run_seconds, interleave
+from globaldl.experiments.results import RunResult, load_results, portable
+from globaldl.experiments.spec import FleetConfig, RunSpec
+from globaldl.fleet.fleet import Fleet, FleetLockTimeoutError
 from globaldl.fleet.plan import FleetPlan, plan_from_options
 from globaldl.fleet.profiles import (
     DEFAULT_PROFILES_PATH,
@@ -42,120 +59,40 @@ from globaldl.fleet.profiles import (
 )
 from globaldl.fleet.state import DEFAULT_STATE_DIR
 
+__all__ = [
+    "BUSY_POLICIES",
+    "ExperimentRunner",
+    "FaultInjector",
+    "RunResult",
+    "load_results",
+]
+
 DEFAULT_EXPERIMENT_STATE_DIR = Path("/run/globaldl-experiments")
 DEFAULT_EXPERIMENT_PREFIX = "gdlx"
 DEFAULT_EXPERIMENT_SUBNET = "10.78.0.0/24"
 DEFAULT_METRICS_PORT = 19500
 DEFAULT_SCRAPE_INTERVAL_SECONDS = 1.0
-START_TIMEOUT_SECONDS = 180
-# After the fleet run's own timeout, how long it gets to stop its workers before we do.
-STOP_GRACE_SECONDS = 60.0
-FLEET_RUN_MODULE = "globaldl.cli.fleet"
+BUSY_POLICIES = ("mark", "refuse", "rerun")
+DEFAULT_MAX_RERUNS = 2
+# Another fleet's operation may hold the lock the fleets share for minutes on a busy machine.
+DOWN_ATTEMPTS = 5
+# Before a re-run: how long one look at the machine lasts, and how long to wait for quiet.
+QUIET_CHECK_SECONDS = 10.0
+QUIET_WAIT_SECONDS = 900.0
 
 Progress = Callable[[str], None]
-
-
-@dataclass
-class RunResult:
-    """What one run produced: its status, the summary and byte accounting, scraped resources."""
-
-    spec: RunSpec
-    status: str
-    run_id: str
-    run_dir: Path
-    cycle_time_ms: float
-    link: LinkProfile
-    train_command: str
-    fleet_command: str
-    latency_emulated: bool | None = None
-    run_seconds: float | None = None
-    summary: dict[str, Any] | None = None
-    accounting: dict[str, Any] | None = None
-    resources: dict[str, DeviceResources] = field(default_factory=dict)
-    faults: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """The run finished and left a summary."""
-        return self.status == "ok" and self.summary is not None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunResult:
-        """Inverse of `to_dict` (to rebuild tables from a results folder)."""
-        return cls(
-            spec=RunSpec.from_config(data["spec"]),
-            status=data["status"],
-            run_id=data["run_id"],
-            run_dir=Path(data["run_dir"]),
-            cycle_time_ms=data["cycle_time_ms"],
-            link=LinkProfile.from_config(data["link"]),
-            train_command=data["train_command"],
-            fleet_command=data["fleet_command"],
-            latency_emulated=data["latency_emulated"],
-            run_seconds=data["run_seconds"],
-            summary=data["summary"],
-            accounting=data["accounting"],
-            resources={
-                name: DeviceResources(**values) for name, values in data["resources"].items()
-            },
-            faults=data.get("faults", []),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (the summary's history included); `from_dict` reads it back."""
-        return {
-            "spec": self.spec.get_config(),
-            "status": self.status,
-            "run_id": self.run_id,
-            "run_dir": str(self.run_dir),
-            "cycle_time_ms": self.cycle_time_ms,
-            "link": self.link.get_config(),
-            "train_command": self.train_command,
-            "fleet_command": self.fleet_command,
-            "latency_emulated": self.latency_emulated,
-            "run_seconds": self.run_seconds,
-            "summary": self.summary,
-            "accounting": self.accounting,
-            "resources": {name: r.to_dict() for name, r in self.resources.items()},
-            "faults": self.faults,
-        }
 
 
 def _print_progress(line: str) -> None:
     print(line, flush=True)
 
 
-def _worker_environment(cycle_time_ms: float) -> dict[str, str]:
-    """The environment for horovodrun (which forwards it to every worker).
-
-    GLOBALDL_* variables are dropped: a user's settings must not change an experiment's runs.
-    """
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GLOBALDL_")}
-    env["HOROVOD_CYCLE_TIME"] = f"{cycle_time_ms:g}"
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Ask `fleet run` to stop (SIGINT: it stops horovodrun and the workers), then kill it."""
-    for signum, wait_seconds in ((signal.SIGINT, STOP_GRACE_SECONDS), (signal.SIGKILL, 10.0)):
-        if process.poll() is not None:
-            return
-        process.send_signal(signum)
-        try:
-            process.wait(timeout=wait_seconds)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 class ExperimentRunner:
     """Brings fleets up and down around the runs of a plan and collects what each run left.
 
     Example:
-        >>> runner = ExperimentRunner(Path("results/experiments/devices"))
-        >>> results = runner.run(DevicesExperiment(quick=True).plan())   # doctest: +SKIP
+        >>> runner = ExperimentRunner(Path("results/experiments/devices"), busy_policy="rerun")
+        >>> results = runner.run(DevicesExperiment().plan(), repeats=3)   # doctest: +SKIP
 
     """
 
@@ -171,7 +108,16 @@ class ExperimentRunner:
         metrics_port: int = DEFAULT_METRICS_PORT,
         scrape_interval_seconds: float = DEFAULT_SCRAPE_INTERVAL_SECONDS,
         progress: Progress = _print_progress,
+        busy_policy: str = "mark",
+        busy_limits: BusyLimits | None = None,
+        max_reruns: int = DEFAULT_MAX_RERUNS,
     ) -> None:
+        if busy_policy not in BUSY_POLICIES:
+            raise ValueError(
+                f"busy policy {busy_policy!r} is not one of: {', '.join(BUSY_POLICIES)}"
+            )
+        if isinstance(max_reruns, bool) or not isinstance(max_reruns, int) or max_reruns < 0:
+            raise ValueError(f"max_reruns must be a whole number >= 0, got {max_reruns!r}")
         self.out_dir = Path(out_dir)
         self.state_dir = Path(state_dir)
         self.prefix = prefix
@@ -181,6 +127,9 @@ class ExperimentRunner:
         self.metrics_port = metrics_port
         self.scrape_interval_seconds = scrape_interval_seconds
         self.progress = progress
+        self.busy_policy = busy_policy
+        self.busy_limits = busy_limits or BusyLimits()
+        self.max_reruns = max_reruns
 
     # ------------------------------------------------------------------ checks
 
@@ -206,9 +155,7 @@ class ExperimentRunner:
 
     def plan_fleet(self, fleet: FleetConfig) -> FleetPlan:
         """The fleet plan for a config, validated (CPU and memory must fit the machine)."""
-        sites = (
-            {"sites": fleet.sites, "lan": fleet.lan, "wan": fleet.profile} if fleet.sites else {}
-        )
+        sites = {"sites": fleet.sites, "lan": fleet.lan, "wan": fleet.profile} if fleet.sites else {}
         return plan_from_options(
             self.profiles,
             devices=fleet.devices,
@@ -242,30 +189,65 @@ class ExperimentRunner:
     # -------------------------------------------------------------------- run
 
     def run(
-        self, specs: Sequence[RunSpec], collected: list[RunResult] | None = None
+        self,
+        specs: Sequence[RunSpec],
+        collected: list[RunResult] | None = None,
+        *,
+        repeats: int = 1,
+        earlier: Sequence[RunResult] = (),
     ) -> list[RunResult]:
-        """Run every spec in order; adjacent specs with the same fleet share one fleet.
+        """Run every spec `repeats` times, interleaved; adjacent runs on one fleet share it.
 
         Results are appended to `collected` (when given) as they come, so a caller still has
-        the finished runs when a later one raises or the user interrupts.
+        the finished runs when a later one raises or the user interrupts. A label that runs
+        replaces its earlier results in `out_dir/runs/`. `earlier` results (e.g. of an
+        earlier session) only seed the time estimate.
         """
+        schedule = interleave(specs, repeats)
         self.validate(specs)
         self.check_no_fleet_up()
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        for spec in specs:
+            shutil.rmtree(self.out_dir / "runs" / spec.label, ignore_errors=True)
         results: list[RunResult] = collected if collected is not None else []
-        total = len(specs)
-        for fleet_config, group in itertools.groupby(specs, key=lambda spec: spec.fleet):
-            group_specs = list(group)
+        clock = RunClock(schedule, earlier_run_seconds(earlier, specs))
+        self.progress(
+            f"{len(schedule)} runs ({len(specs)} x {repeats} repeats, interleaved); "
+            + clock.eta_text(schedule)
+        )
+        position = 0
+        for fleet_config, stretch in itertools.groupby(schedule, key=lambda run: run.spec.fleet):
+            group = list(stretch)
             fleet = Fleet(self.state_dir)
             try:
+                started = time.monotonic()
                 latency_emulated = self._up(fleet, fleet_config)
-                for spec in group_specs:
-                    result = self._run_one(spec, latency_emulated)
+                clock.fleet_up(time.monotonic() - started)
+                sources = self._load_sources()
+                for scheduled in group:
+                    position += 1
+                    self.progress(
+                        f"{clock.position(scheduled)}: starting; "
+                        + clock.eta_text(schedule[position - 1 :])
+                    )
+                    result = self._run_under_policy(scheduled, latency_emulated, sources)
                     results.append(result)
-                    self.progress(_progress_line(len(results), total, result))
+                    clock.finished(scheduled, result.run_seconds or 0.0)
+                    self.progress(_progress_line(clock.position(scheduled), result))
             finally:
-                fleet.down(log=self._fleet_log)
+                self._down(fleet)
         return results
+
+    def _down(self, fleet: Fleet) -> None:
+        """Bring the fleet down, waiting out other fleets' operations on the shared lock."""
+        for attempt in range(1, DOWN_ATTEMPTS + 1):
+            try:
+                fleet.down(log=self._fleet_log)
+                return
+            except FleetLockTimeoutError as error:
+                if attempt == DOWN_ATTEMPTS:
+                    raise
+                self.progress(f"  fleet down waits: {error}; trying again ({attempt})")
 
     def _fleet_log(self, line: str) -> None:
         with (self.out_dir / "fleet.log").open("a") as stream:
@@ -281,192 +263,64 @@ class ExperimentRunner:
         state = fleet.up(self.plan_fleet(config), latency="auto", log=self._fleet_log)
         return state.latency_emulated
 
-    def _run_one(self, spec: RunSpec, latency_emulated: bool) -> RunResult:
-        run_dir = self.out_dir / "runs" / spec.label
-        run_dir.mkdir(parents=True, exist_ok=True)
-        summary_path = (run_dir / "summary.json").resolve()
-        run_id = slug(f"{spec.experiment}-{spec.label}-{_utc_stamp()}")
-        cycle_time_ms = self.cycle_time_ms(spec)
-        train_args = [*spec.train_args, "--run-id", run_id, "--summary", str(summary_path)]
-        if spec.scrape_metrics:
-            train_args += ["--metrics-port", str(self.metrics_port)]
-        argv = [
-            sys.executable,
-            "-m",
-            FLEET_RUN_MODULE,
-            "run",
-            "--state-dir",
-            str(self.state_dir),
-            "--timeout-seconds",
-            f"{spec.timeout_seconds:g}",
-            "--start-timeout-seconds",
-            str(START_TIMEOUT_SECONDS),
-        ]
-        if spec.scrape_metrics:
-            # Prometheus file-SD targets of the run go into the run's folder, not runs/.
-            argv += ["--prometheus-dir", str(run_dir / "prometheus")]
-        argv += [*spec.fleet_run_args, "--", *train_args]
-        result = RunResult(
-            spec=spec,
-            status="running",
-            run_id=run_id,
-            run_dir=run_dir,
-            cycle_time_ms=cycle_time_ms,
-            link=self.link_of(spec.fleet),
-            train_command=shlex.join(["globaldl", "train", *train_args]),
-            fleet_command=(
-                f"HOROVOD_CYCLE_TIME={cycle_time_ms:g} "
-                + shlex.join(["globaldl", "fleet", *argv[argv.index("run") :]])
-            ),
-            latency_emulated=latency_emulated,
-        )
-        scraper = None
-        if spec.scrape_metrics:
-            fleet_state = Fleet(self.state_dir).require_state()
-            scraper = ExporterScraper(
-                {
-                    device.name: f"http://{device.address}:{self.metrics_port}/metrics"
-                    for device in fleet_state.devices
-                },
-                interval_seconds=self.scrape_interval_seconds,
+    def _load_sources(self) -> LoadSources:
+        """The fleet's CPU accounting, with a group for our own `fleet run` processes."""
+        sources = LoadSources.for_fleet(self.prefix)
+        if sources.launcher_group is not None and sources.fleet_group is not None:
+            if sources.fleet_group.exists():
+                # Removed with the fleet's group at `fleet down` (it removes child groups).
+                sources.launcher_group.mkdir(exist_ok=True)
+            else:
+                sources.launcher_group = None
+        return sources
+
+    def _run_under_policy(
+        self, scheduled: ScheduledRun, latency_emulated: bool, sources: LoadSources
+    ) -> RunResult:
+        """Run once; on a busy machine mark, refuse or re-run it as the busy policy says."""
+        reruns = 0
+        while True:
+            result = self._run_one(scheduled, latency_emulated, sources)
+            result.reruns = reruns
+            if not result.machine_busy:
+                return result
+            assert result.load is not None
+            if self.busy_policy == "refuse":
+                result.status = f"refused: machine busy ({result.load.busy_reason})"
+                save_result(result)
+                return result
+            if self.busy_policy == "mark" or reruns >= self.max_reruns:
+                return result
+            reruns += 1
+            log = result.run_dir / "fleet-run.log"
+            if log.exists():
+                log.rename(result.run_dir / f"fleet-run.busy-{reruns}.log")
+            self.progress(
+                f"  machine busy ({result.load.busy_reason}); waiting for quiet, then running "
+                f"it again ({reruns} of at most {self.max_reruns})"
             )
-        started_wall = time.time()
-        started = time.monotonic()
-        log_path = run_dir / "fleet-run.log"
-        with log_path.open("wb") as log:
-            # Its own session: a Ctrl-C reaches only this process, which then asks `fleet run`
-            # once to stop (a second SIGINT could cut short its clean-up of horovodrun).
-            process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**_worker_environment(cycle_time_ms), **spec.env},
-                start_new_session=True,
-            )
-            if scraper is not None:
-                scraper.start()
-            faults = None
-            if spec.faults:
-                faults = FaultInjector(
-                    spec.faults, log_path, Fleet(self.state_dir), self.prefix, process
-                )
-                faults.start()
-            try:
-                returncode = process.wait(timeout=spec.timeout_seconds + STOP_GRACE_SECONDS)
-                result.status = "ok" if returncode == 0 else f"failed (exit {returncode})"
-            except subprocess.TimeoutExpired:
-                _stop(process)
-                result.status = f"timed out after {spec.timeout_seconds:g} s"
-            except BaseException:
-                _stop(process)
-                raise
-            finally:
-                if scraper is not None:
-                    scraper.stop()
-                if faults is not None:
-                    result.faults = faults.stop()
-        result.run_seconds = time.monotonic() - started
-        if summary_path.exists() and summary_path.stat().st_mtime >= started_wall:
-            result.summary = json.loads(summary_path.read_text())
-            accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
-            if accounting_path.exists():
-                result.accounting = json.loads(accounting_path.read_text())
-        elif result.status == "ok":
-            result.status = "no summary"
-        if scraper is not None:
-            for name, scrapes in scraper.devices.items():
-                resources = scrapes.resources(spec.fleet.cpu_cores_per_device)
-                if resources is not None:
-                    result.resources[name] = resources
-        _write_json(run_dir / "result.json", result.to_dict())
-        return result
+            self._wait_for_quiet(sources)
 
-
-class FaultInjector:
-    """Kills and revives devices during a run when its output reaches the faults' triggers."""
-
-    POLL_SECONDS = 0.2
-
-    def __init__(
-        self,
-        faults: Sequence[Fault],
-        log_path: Path,
-        fleet: Fleet,
-        prefix: str,
-        process: subprocess.Popen[bytes],
-    ) -> None:
-        self.faults = list(faults)
-        self.log_path = log_path
-        self.fleet = fleet
-        self.prefix = prefix
-        self.process = process
-        self.done: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
-
-    def start(self) -> None:
-        """Watch the run's output in the background."""
-        self._thread.start()
-
-    def stop(self) -> list[dict[str, Any]]:
-        """Stop watching; return what was done: action, device, and unix times."""
-        self._stop.set()
-        self._thread.join(timeout=120)
-        return self.done
-
-    def _run(self) -> None:
-        position = 0
-        for fault in self.faults:
-            pattern = re.compile(fault.after_line)
-            while True:
-                if self._stop.is_set() or self.process.poll() is not None:
-                    return
-                text = self.log_path.read_bytes()[position:].decode(errors="replace")
-                match = pattern.search(text)
-                if match:
-                    position += len(text[: match.end()].encode())
-                    break
-                time.sleep(self.POLL_SECONDS)
-            if self._stop.wait(fault.delay_seconds):
+    def _wait_for_quiet(self, sources: LoadSources) -> None:
+        deadline = time.monotonic() + QUIET_WAIT_SECONDS
+        while True:
+            load = measure_load(sources, QUIET_CHECK_SECONDS, self.busy_limits)
+            if not load.busy or time.monotonic() > deadline:
+                self.progress(f"  {load.text()}")
                 return
-            name = f"{self.prefix}-{fault.device}"
-            record: dict[str, Any] = {"action": fault.action, "device": name, "at": time.time()}
-            try:
-                outcome = getattr(self.fleet, fault.action)(name)
-                if outcome is not None:  # a measurement
-                    record["result"] = outcome
-            except Exception as error:  # recorded; the run's own outcome tells the rest
-                record["error"] = str(error)
-            record["done_at"] = time.time()
-            self.done.append(record)
+
+    def _run_one(
+        self, scheduled: ScheduledRun, latency_emulated: bool, sources: LoadSources
+    ) -> RunResult:
+        return run_once(self, scheduled, latency_emulated, sources)
 
 
-def load_results(out_dir: Path, specs: Sequence[RunSpec]) -> list[RunResult]:
-    """The results a runner left in `out_dir` for `specs`, in plan order; missing runs skipped."""
-    results = []
-    for spec in specs:
-        path = Path(out_dir) / "runs" / spec.label / "result.json"
-        if path.exists():
-            results.append(RunResult.from_dict(json.loads(path.read_text())))
-    return results
-
-
-def _utc_stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-
-
-def _write_json(path: Path, document: Any) -> None:
-    from globaldl.summary import write_json_atomically
-
-    write_json_atomically(path, document)
-
-
-def _progress_line(index: int, total: int, result: RunResult) -> str:
-    """`[3/12] devices lenet-n2-none: ok, 24 steps x 2 ranks, train 31.0 s, ...`."""
-    head = f"[{index}/{total}] {result.spec.experiment} {result.spec.label}:"
+def _progress_line(position: str, result: RunResult) -> str:
+    """`[3/24] devices lenet-n2-none (repeat 1/3): ok, 24 steps x 2 ranks, ..., load ...`."""
+    head = f"{position}:"
+    load = f"; {result.load.text()}" if result.load is not None else ""
     if not result.ok:
-        return f"{head} {result.status} (log: {result.run_dir / 'fleet-run.log'})"
+        return f"{head} {result.status} (log: {portable(str(result.run_dir / 'fleet-run.log'))})"
     summary = result.summary
     assert summary is not None
     step_seconds = mean_step_seconds(summary)
@@ -475,5 +329,5 @@ def _progress_line(index: int, total: int, result: RunResult) -> str:
         f"{head} ok, {summary['steps']} steps x {summary['ranks']} ranks, train "
         f"{training_seconds(summary):.1f} s, step {step_text}, val_acc "
         f"{summary['val_accuracy']:.3f}, run {result.run_seconds:.0f} s, cycle "
-        f"{result.cycle_time_ms:g} ms"
+        f"{result.cycle_time_ms:g} ms{load}"
     )

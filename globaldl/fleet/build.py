@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from globaldl.fleet import cgroups, sshd
+from globaldl.fleet.errors import FleetError
 from globaldl.fleet.links import DEVICE_INTERFACE, create_link, device_link, site_link
 from globaldl.fleet.paths import HOST, fleet_path
 from globaldl.fleet.plan import DeviceSpec, FleetPlan, SiteSpec
@@ -64,19 +65,19 @@ def create_fleet(
     run(["ip", "link", "set", plan.bridge, "up"])
 
     group_parent = f"{plan.prefix}-fleet"
-    for controller in cgroups.EMULATION_CONTROLLERS:
+    for controller in cgroups.fleet_controllers():
         path = cgroups.create_group(controller, group_parent)
         state.record("cgroup", path=str(path))
-    emulation_groups = []
-    for controller in cgroups.EMULATION_CONTROLLERS:
+    emulation_groups = {}
+    for controller in cgroups.fleet_controllers():
         path = cgroups.create_group(controller, f"{group_parent}/{cgroups.EMULATION_GROUP}")
         state.record("cgroup", path=str(path))
-        emulation_groups.append(str(path))
-    cgroups.set_cpu_shares(Path(emulation_groups[0]), cgroups.EMULATION_CPU_SHARES)
+        emulation_groups[controller] = str(path)
+    cgroups.set_cpu_shares(Path(emulation_groups["cpu"]), cgroups.EMULATION_CPU_SHARES)
 
     def build(link: Any) -> str:
         return create_link(
-            link, state, emulate=emulate, work_dir=links_dir, groups=emulation_groups
+            link, state, emulate=emulate, work_dir=links_dir, groups=list(emulation_groups.values())
         )
 
     for site in plan.sites:
@@ -162,6 +163,8 @@ def _create_device(
 ) -> DeviceState:
     """A device: its namespace, link, address, /etc/hosts, cgroups and running sshd."""
     netns = spec.name
+    if Path(f"/run/netns/{netns}").exists():
+        raise FleetError(f"network namespace {netns} already exists; choose another --prefix")
     _create_recorded(state, "netns", netns, ["ip", "netns", "add", netns])
     run(["ip", "-n", netns, "link", "set", "lo", "up"])
     link_kind = build_link(device_link(plan, spec))
@@ -193,13 +196,16 @@ def _create_device(
     ]
     hosts_lines += [f"{other.address} {other.name}" for other in plan.devices]
     (etc_dir / "hosts").write_text("\n".join(hosts_lines) + "\n")
+    # The device's own /etc/hostname, as a real device has: provisioning may set it without
+    # touching this machine's.
+    (etc_dir / "hostname").write_text(f"{spec.name}\n")
 
-    groups = []
-    for controller in cgroups.CONTROLLERS:
+    groups = {}
+    for controller in cgroups.fleet_controllers():
         group = cgroups.create_group(controller, f"{group_parent}/{spec.name}")
         state.record("cgroup", path=str(group))
-        groups.append(group)
-    cpu_group, memory_group = groups
+        groups[controller] = group
+    cpu_group, memory_group = groups["cpu"], groups["memory"]
     cgroups.set_cpu_limit(cpu_group, spec.cpu_cores)
     cgroups.set_memory_limit(memory_group, spec.memory_bytes)
 
@@ -208,7 +214,12 @@ def _create_device(
     host_key_public = sshd.generate_key(host_key, f"{spec.name}-host")
     config = device_dir / "sshd_config"
     config.write_text(
-        sshd.sshd_config_text(spec.address, host_key, authorized_keys, device_dir / "sshd.pid")
+        sshd.sshd_config_text(
+            spec.address,
+            host_key,
+            [authorized_keys, device_authorized_keys(device_dir)],
+            device_dir / "sshd.pid",
+        )
     )
     device = DeviceState(
         name=spec.name,
@@ -255,8 +266,16 @@ def start_sshd(state_dir: Path, device: DeviceState) -> None:
         device.name,
         device_dir / "sshd_config",
         device_dir / "sshd.log",
-        [device.cpu_group, device.memory_group],
+        [
+            str(group)
+            for group in cgroups.groups_to_join(Path(device.cpu_group), Path(device.memory_group))
+        ],
     )
+
+
+def device_authorized_keys(device_dir: Path) -> Path:
+    """The device's own authorized_keys file (read by its sshd after the fleet's shared one)."""
+    return device_dir / "authorized_keys"
 
 
 def _create_recorded(state: FleetState, kind: str, name: str, argv: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""CPU quota and memory limit of one emulated device, as cgroup v1 groups."""
+"""CPU quota, memory limit and CPU accounting of the emulated devices, as cgroup v1 groups."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ CPU_PERIOD_MICROSECONDS = 100_000
 # The kernel refuses cfs quotas below 1 ms.
 MIN_CPU_QUOTA_MICROSECONDS = 1_000
 CONTROLLERS = ("cpu", "memory")
+# Counts the CPU time of a group and its children (cpuacct.usage); the machine-load record of
+# the experiments reads it. Where cpu and cpuacct share a hierarchy the cpu group counts.
+ACCOUNTING_CONTROLLER = "cpuacct"
 # User-space link emulation (vde_switch, wirefilter) runs in `<prefix>-fleet/emulation`, never in
 # a device's group: its CPU is the network's, counted apart (cpuacct) and outside device quotas.
 EMULATION_GROUP = "emulation"
-EMULATION_CONTROLLERS = ("cpu", "cpuacct", "memory")
 # Forwarding stands for the network, which on real devices costs them no CPU: weigh it far above
 # any device group (1024 each) so that a busy fleet does not delay its own packets. No quota.
 EMULATION_CPU_SHARES = 16384
@@ -33,6 +35,49 @@ def cgroup_v1_mount(controller: str, mountinfo: Path = Path("/proc/self/mountinf
         f"the cgroup v1 {controller!r} controller is not mounted (see /proc/self/mountinfo); the "
         f"fleet limits devices with cgroup v1 {', '.join(CONTROLLERS)} controllers"
     )
+
+
+def fleet_controllers() -> tuple[str, ...]:
+    """The controllers a fleet creates its groups in: cpu, memory, and cpuacct if separate.
+
+    cpuacct gets groups only where it has a hierarchy of its own; where it is not mounted at
+    all the fleet's CPU time goes unaccounted.
+    """
+    try:
+        accounting = cgroup_v1_mount(ACCOUNTING_CONTROLLER)
+    except ValueError:
+        return CONTROLLERS
+    if accounting == cgroup_v1_mount("cpu"):
+        return CONTROLLERS
+    return (*CONTROLLERS, ACCOUNTING_CONTROLLER)
+
+
+def accounting_group(cpu_group: Path) -> Path:
+    """The group that counts the CPU time of `cpu_group`'s processes (same path in cpuacct)."""
+    return cgroup_v1_mount(ACCOUNTING_CONTROLLER) / Path(cpu_group).relative_to(
+        cgroup_v1_mount("cpu")
+    )
+
+
+def groups_to_join(cpu_group: Path, memory_group: Path) -> list[Path]:
+    """The groups a device's processes belong to: its limits, and its accounting if separate."""
+    groups = [Path(cpu_group), Path(memory_group)]
+    if ACCOUNTING_CONTROLLER in fleet_controllers():
+        accounting = accounting_group(cpu_group)
+        if accounting.exists():  # a fleet brought up before accounting existed has none
+            groups.append(accounting)
+    return groups
+
+
+def cpu_seconds(group: Path) -> float | None:
+    """CPU seconds the group's processes (children's included) used since it was created.
+
+    None when the group does not exist or counts nothing (no cpuacct.usage).
+    """
+    try:
+        return int((Path(group) / "cpuacct.usage").read_text()) / 1e9
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def cpu_quota_microseconds(cpu_cores: float) -> int:
@@ -64,17 +109,12 @@ def set_cpu_shares(group: Path, shares: int) -> None:
     (group / "cpu.shares").write_text(str(shares))
 
 
-def cpu_usage_seconds(cpuacct_group: Path) -> float:
-    """CPU time the group's processes (and their children) used so far, from cpuacct.usage."""
-    return int((cpuacct_group / "cpuacct.usage").read_text()) / 1e9
-
-
 def emulation_cpu_seconds(prefix: str) -> float | None:
     """CPU seconds a fleet's link emulation used so far; None when its group does not exist."""
     try:
-        group = cgroup_v1_mount("cpuacct") / f"{prefix}-fleet" / EMULATION_GROUP
-        return cpu_usage_seconds(group)
-    except (ValueError, FileNotFoundError):
+        cpu_group = cgroup_v1_mount("cpu") / f"{prefix}-fleet" / EMULATION_GROUP
+        return cpu_seconds(accounting_group(cpu_group))
+    except ValueError:
         return None
 
 
@@ -108,6 +148,11 @@ def join_groups(groups: list[str]) -> None:
     for group in groups:
         with open(Path(group) / "cgroup.procs", "w") as procs:
             procs.write(str(os.getpid()))
+
+
+def move_process(group: Path, pid: int) -> None:
+    """Move process `pid` into `group`; the children it starts afterwards are born there."""
+    (Path(group) / "cgroup.procs").write_text(str(pid))
 
 
 def group_pids(group: Path) -> list[int]:

@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from globaldl.fleet import cgroups, sshd, vde
-from globaldl.fleet.build import create_fleet, host_round_trip_ms, install_neighbours, start_sshd
+from globaldl.fleet.build import (
+    create_fleet,
+    device_authorized_keys,
+    host_round_trip_ms,
+    install_neighbours,
+    start_sshd,
+)
+from globaldl.fleet.errors import FleetError
 from globaldl.fleet.host import (
     check_state_dir_is_private,
     check_subnet_is_free,
@@ -33,7 +40,9 @@ from globaldl.fleet.teardown import device_pids, emulation_pids, sshd_alive, tea
 __all__ = [
     "Fleet",
     "FleetError",
+    "FleetLockTimeoutError",
     "LinkEmulationUnavailableError",
+    "device_authorized_keys",
     "emulation_cpu_seconds",
     "host_networks",
     "read_interface_counters",
@@ -48,8 +57,8 @@ _Result = TypeVar("_Result")
 LATENCY_MODES: tuple[str, ...] = ("auto", "require", "off")
 
 
-class FleetError(RuntimeError):
-    """The system refused a fleet operation (after any rollback has run)."""
+class FleetLockTimeoutError(FleetError):
+    """Another fleet operation on the same state dir held its lock too long."""
 
 
 class LinkEmulationUnavailableError(ValueError):
@@ -134,7 +143,7 @@ class Fleet:
                         break
                     except BlockingIOError:
                         if time.monotonic() > deadline:
-                            raise FleetError(
+                            raise FleetLockTimeoutError(
                                 f"another fleet operation on {self.state_dir} has held {path} "
                                 f"for {LOCK_TIMEOUT_SECONDS:g} s"
                             ) from None

@@ -10,17 +10,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
+from globaldl.files import write_json_atomically, write_text_atomically
 from globaldl.fleet.accounting import ByteAccounting, account_bytes
 from globaldl.fleet.fleet import Fleet, read_interface_counters
+from globaldl.fleet.request import BIN, ProgramRequest, TrainRequest
 from globaldl.fleet.sshd import SSH_PORT
 from globaldl.fleet.state import DeviceState
-from globaldl.fleet.system import write_atomically
 
-BIN = Path(sys.executable).parent
-DEFAULT_RUNS_DIR = Path("runs/fleet")
 DEFAULT_START_TIMEOUT_SECONDS = 60
 # How long `fleet run` waits for each device's sshd to answer before it refuses to launch.
 REACH_TIMEOUT_SECONDS = 5.0
@@ -73,7 +71,7 @@ class ElasticOptions:
 def discovery_script(state_dir: Path) -> Path:
     """Write the fleet's Horovod Elastic host-discovery script (live devices, ADDR:1 each)."""
     path = Path(state_dir) / "discover-hosts.sh"
-    write_atomically(
+    write_text_atomically(
         path,
         "#!/bin/sh\n"
         "# Live devices of this fleet, one ADDR:1 line each (Horovod Elastic host discovery).\n"
@@ -153,57 +151,11 @@ def check_reachable(
             ) from None
 
 
-def option_value(args: list[str], option: str) -> str | None:
-    """The value of `--option X` or `--option=X` in a command line, or None."""
-    for index, arg in enumerate(args):
-        if arg == option and index + 1 < len(args):
-            return args[index + 1]
-        if arg.startswith(f"{option}="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def train_argv(
-    train_args: list[str],
-    *,
-    run_id: str,
-    summary: Path,
-    metrics_port: int | None,
-    globaldl: Path = BIN / "globaldl",
-) -> list[str]:
-    """`globaldl train ARGS` with run id and summary path, metrics on each device's own address.
-
-    horovodrun runs one command line on every device, so the address is resolved on the device:
-    each device's host name maps to its own address in its /etc/hosts (`hostname -i`).
-    """
-    args = [str(globaldl), "train", *train_args]
-    if option_value(train_args, "--run-id") is None:
-        args += ["--run-id", run_id]
-    if option_value(train_args, "--summary") is None:
-        args += ["--summary", str(summary)]
-    if metrics_port is not None and option_value(train_args, "--metrics-port") is None:
-        args += ["--metrics-port", str(metrics_port)]
-    if (
-        option_value(args, "--metrics-port") is not None
-        and option_value(train_args, "--metrics-addr") is None
-    ):
-        return ["/bin/sh", "-c", 'exec "$@" --metrics-addr "$(hostname -i)"', "sh", *args]
-    return args
-
-
-def new_run_id() -> str:
-    """A run id from the launch time, e.g. fleet-20250101-120000."""
-    return datetime.now(timezone.utc).strftime("fleet-%Y%m%d-%H%M%S")
-
-
 def run_on_fleet(
     fleet: Fleet,
-    worker_argv: list[str],
+    request: TrainRequest | ProgramRequest,
     *,
-    run_id: str,
-    summary_path: Path | None = None,
     targets_dir: Path | None = None,
-    metrics_port: int | None = None,
     timeout_seconds: float = 3600,
     start_timeout_seconds: int = DEFAULT_START_TIMEOUT_SECONDS,
     network_interface: str | None = None,
@@ -211,18 +163,19 @@ def run_on_fleet(
     elastic: ElasticOptions | None = None,
     reach_timeout_seconds: float = REACH_TIMEOUT_SECONDS,
 ) -> FleetRunResult:
-    """Launch `worker_argv` on every live device, then compare interface counters with the summary.
+    """Launch the request on every live device, then compare interface counters with the summary.
 
-    Registers one Prometheus file-SD target per device (its address : metrics_port) while the
-    run lasts, when `targets_dir` and `metrics_port` are given.
+    Registers one Prometheus file-SD target per device (its address : the request's metrics
+    port) while the run lasts, when `targets_dir` is given and the request has a port.
     """
+    run_id, summary_path, metrics_port = request.run_id, request.summary_path, request.metrics_port
     state = fleet.require_state()
     devices = fleet.live_devices()
     check_reachable(devices, reach_timeout_seconds)
     argv = horovodrun_argv(
         devices,
         Path(state.identity_file),
-        worker_argv,
+        request.argv(),
         start_timeout_seconds=start_timeout_seconds,
         network_interface=network_interface,
         elastic=elastic,
@@ -263,7 +216,7 @@ def run_on_fleet(
             counters_before, counters_after, json.loads(summary_path.read_text()), seconds
         )
         accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
-        write_atomically(accounting_path, json.dumps(accounting.to_dict(), indent=2) + "\n")
+        write_json_atomically(accounting_path, accounting.to_dict())
     return FleetRunResult(
         argv=argv,
         returncode=returncode,

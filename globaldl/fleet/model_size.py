@@ -13,10 +13,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from globaldl.fleet.system import write_atomically
+from globaldl.files import write_text_atomically
+from globaldl.settings import TrainSettings, resolve_settings
 
 TIMEOUT_SECONDS = 180.0
 FP32_BYTES = 4
@@ -31,15 +33,14 @@ def default_cache_path() -> Path:
     return Path(root) / "model-sizes.json"
 
 
-def model_shape(train_args: list[str]) -> dict[str, Any]:
-    """The settings that shape the model, parsed exactly as `globaldl train` would.
+def parse_train_settings(train_args: Sequence[str]) -> TrainSettings:
+    """`globaldl train` arguments parsed exactly as `globaldl train` parses them (no TensorFlow).
 
     Raises ValueError (the settings' own message) when the arguments are not valid.
     """
     import typer
 
     from globaldl.cli.train import train
-    from globaldl.settings import resolve_settings
 
     app = typer.Typer(add_completion=False)
     app.command()(train)
@@ -52,13 +53,12 @@ def model_shape(train_args: list[str]) -> dict[str, Any]:
         message = format_message() if format_message is not None else str(error)
         raise ValueError(f"`globaldl train` arguments: {message}") from None
     flags = dict(context.params)
-    settings = resolve_settings(flags, flags.pop("config"))
-    return {name: getattr(settings, name) for name in SHAPE_SETTINGS}
+    return resolve_settings(flags, flags.pop("config"))
 
 
-def dense_gradient_bytes(train_args: list[str], cache_path: Path | None = None) -> int:
+def dense_gradient_bytes(settings: TrainSettings, cache_path: Path | None = None) -> int:
     """Bytes of every trainable weight in fp32: what one dense step's allreduce carries."""
-    shape = model_shape(train_args)
+    shape = {name: getattr(settings, name) for name in SHAPE_SETTINGS}
     cache_path = cache_path or default_cache_path()
     key = json.dumps({**shape, "models_source": _models_source_digest()}, sort_keys=True)
     cache = _read_cache(cache_path)
@@ -81,7 +81,9 @@ def dense_gradient_bytes(train_args: list[str], cache_path: Path | None = None) 
     size = int(json.loads(completed.stdout.strip().splitlines()[-1])["dense_gradient_bytes"])
     try:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(cache_path, json.dumps({**_read_cache(cache_path), key: size}, indent=1))
+        write_text_atomically(
+            cache_path, json.dumps({**_read_cache(cache_path), key: size}, indent=1)
+        )
     except OSError:
         pass  # a cache that cannot be written costs the next run a few seconds, nothing more
     return size

@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
+from globaldl.files import write_text_atomically
 from globaldl.fleet.profiles import LinkProfile, resolve_profile
-from globaldl.fleet.system import write_atomically
 
 SITE_MAP_FILE_NAME = "sites.yaml"
 MAX_SITES = 99
@@ -132,7 +132,7 @@ def site_map_text(sites: dict[str, list[str]]) -> str:
 
 def write_site_map(path: Path, sites: dict[str, list[str]]) -> None:
     """Write the site map atomically."""
-    write_atomically(Path(path), site_map_text(sites))
+    write_text_atomically(Path(path), site_map_text(sites))
 
 
 def read_site_map(path: Path) -> dict[str, list[str]]:

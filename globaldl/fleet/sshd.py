@@ -9,8 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from globaldl.files import write_text_atomically
 from globaldl.fleet.cgroups import join_groups
-from globaldl.fleet.system import CommandError, process_start_ticks, run, write_atomically
+from globaldl.fleet.system import CommandError, process_start_ticks, run
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 22
@@ -27,14 +28,20 @@ def generate_key(path: Path, comment: str) -> str:
     return Path(f"{path}.pub").read_text().strip()
 
 
-def sshd_config_text(address: str, host_key: Path, authorized_keys: Path, pid_file: Path) -> str:
-    """An sshd configuration for one device: its own address, root by key only, no PAM."""
+def sshd_config_text(
+    address: str, host_key: Path, authorized_keys: list[Path], pid_file: Path
+) -> str:
+    """An sshd configuration for one device: its own address, root by key only, no PAM.
+
+    `authorized_keys`: the fleet's key file, then the device's own, where provisioning
+    (deploy/ansible) adds keys without touching the machine's ~/.ssh, which every device shares.
+    """
     return "\n".join(
         [
             f"ListenAddress {address}:{SSH_PORT}",
             f"HostKey {host_key}",
             f"PidFile {pid_file}",
-            f"AuthorizedKeysFile {authorized_keys}",
+            f"AuthorizedKeysFile {' '.join(str(path) for path in authorized_keys)}",
             "PermitRootLogin prohibit-password",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
@@ -42,6 +49,8 @@ def sshd_config_text(address: str, host_key: Path, authorized_keys: Path, pid_fi
             # PAM (pam_systemd) would move sessions out of the device's cgroups.
             "UsePAM no",
             "StrictModes yes",
+            # As a Debian sshd: file copies (Ansible, scp) go over sftp.
+            "Subsystem sftp internal-sftp",
             "X11Forwarding no",
             "PrintMotd no",
             # sshd drops a login unfinished after 2 minutes by default: on NB-IoT a login
@@ -87,7 +96,12 @@ def start_sshd(
             "--",
             "sh",
             "-c",
-            'hostname "$1" && exec "$2" -f "$3" -E "$4"',
+            # `ip netns exec` mounts a fresh /sys, which hides the cgroup hierarchies; mounting
+            # the device's own controllers back lets it read its limits as a real device (or a
+            # container) does. Best effort: the limits hold whether or not they can be read.
+            'hostname "$1" && { mount -t tmpfs cgroup /sys/fs/cgroup && for c in cpu memory; do '
+            "mkdir -p /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c; "
+            'done; } 2>/dev/null; exec "$2" -f "$3" -E "$4"',
             "sh",
             hostname,
             SSHD,
@@ -200,5 +214,5 @@ def forget_host_keys(known_hosts: Path, public_keys: list[str]) -> int:
     kept = [line for line in lines if " ".join(line.split()[1:3]) not in ours]
     removed = len(lines) - len(kept)
     if removed:
-        write_atomically(known_hosts, "".join(kept), mode=known_hosts.stat().st_mode & 0o777)
+        write_text_atomically(known_hosts, "".join(kept), mode=known_hosts.stat().st_mode & 0o777)
     return removed

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from globaldl.files import write_json_atomically
 from globaldl.fleet.profiles import LinkProfile
-from globaldl.fleet.system import write_atomically
 
 STATE_SCHEMA_VERSION = 2
 STATE_FILE_NAME = "fleet.json"
@@ -134,7 +134,7 @@ class FleetState:
         data["schema_version"] = STATE_SCHEMA_VERSION
         data["devices"] = [device.to_dict() for device in self.devices]
         data["sites"] = [site.to_dict() for site in self.sites]
-        write_atomically(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode=0o600)
+        write_json_atomically(self.path, data, mode=0o600)
 
     @classmethod
     def load(cls, state_dir: Path) -> FleetState | None:

@@ -9,6 +9,9 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+# The fleet writes its files with the one atomic writer; its old name here stays importable.
+from globaldl.files import write_text_atomically as write_atomically  # noqa: F401
+
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
 
@@ -117,18 +120,3 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except ProcessLookupError:
         pass
-
-
-def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write `text` to `path` via a temporary file in the same directory and os.replace."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise

@@ -55,7 +55,7 @@ def leftovers(prefix: str, state_dir: Path) -> dict[str, list[str]]:
         ],
         "cgroups": [
             str(path)
-            for controller in ("cpu", "memory")
+            for controller in ("cpu", "memory", "cpuacct")
             for path in [Path(f"/sys/fs/cgroup/{controller}/{prefix}-fleet")]
             if path.exists()
         ],

@@ -133,3 +133,17 @@ def test_all_dry_run_prints_every_plan() -> None:
         ("scale", "3"),
         ("sites", "1"),
     ]
+
+
+def test_shared_protocol_options_reach_every_command_and_bad_ones_are_named(tmp_path: Path) -> None:
+    out = ["--out", str(tmp_path / "out"), "--state-dir", str(tmp_path / "state")]
+    repeated = runner.invoke(app, ["balance", "--quick", "--dry-run", "--repeats", "5", *out])
+    assert repeated.exit_code == 0, repeated.output
+    assert "x 5 repeats, interleaved = 10 runs" in repeated.output
+    full = runner.invoke(app, ["recovery", "--dry-run", "--kill-runs", "1", *out])
+    assert "x 3 repeats, interleaved = 6 runs" in full.output  # 3 for full runs
+    bad = runner.invoke(app, ["ablation", "--quick", "--dry-run", "--busy", "maybe", *out])
+    assert bad.exit_code == 2
+    assert "busy policy 'maybe' is not one of: mark, refuse, rerun" in bad.output
+    unknown = runner.invoke(app, ["ablation", "--dry-run", "--variants", "none,nope", *out])
+    assert unknown.exit_code == 2 and "variant(s) nope unknown" in unknown.output

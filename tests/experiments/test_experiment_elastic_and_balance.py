@@ -6,12 +6,14 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from experiment_fakes import result, summary
 
 from globaldl.experiments import BalanceExperiment, RecoveryExperiment
+from globaldl.experiments.load import BusyLimits
 from globaldl.experiments.recovery import COMMIT_EVERY, recovery_seconds
 from globaldl.experiments.runner import FaultInjector
 from globaldl.experiments.spec import Fault, FleetConfig, RunSpec
@@ -158,6 +160,7 @@ def test_only_reruns_the_named_runs_and_keeps_the_others_from_the_folder(tmp_pat
 
     class Runner:
         ran: list[str] = []
+        busy_policy, max_reruns, busy_limits = "mark", 2, BusyLimits()
 
         def validate(self, specs: list[RunSpec]) -> None:
             pass
@@ -165,16 +168,24 @@ def test_only_reruns_the_named_runs_and_keeps_the_others_from_the_folder(tmp_pat
         def check_no_fleet_up(self) -> None:
             pass
 
-        def run(self, specs: list[RunSpec], collected: list) -> list:
+        def run(self, specs: list[RunSpec], collected: list, *, repeats: int, earlier) -> list:
             self.ran = [spec.label for spec in specs]
-            fresh = summary(epoch_seconds=[10.0, 10.0], val_accuracies=[0.86, 0.93], ranks=4)
-            collected.extend(result(spec, fresh) for spec in specs)
+            assert [r.spec.label for r in earlier] == ["lenet-equal"]  # seeds the time estimate
+            for repeat, seconds in zip(range(1, repeats + 1), (10.0, 12.0), strict=False):
+                fresh = summary(
+                    epoch_seconds=[seconds, seconds], val_accuracies=[0.86, 0.93], ranks=4
+                )
+                collected.extend(replace(result(spec, fresh), repeat=repeat) for spec in specs)
             return collected
 
     runner = Runner()
-    report = run_experiment(experiment, runner, tmp_path, only=["lenet-speed"])  # type: ignore[arg-type]
+    report = run_experiment(experiment, runner, tmp_path, only=["lenet-speed"], repeats=2)  # type: ignore[arg-type]
     assert runner.ran == ["lenet-speed"]
     assert [row["label"] for row in report.rows] == ["lenet-equal", "lenet-speed"]
-    assert report.rows[0]["training_seconds"] == 40.0
+    # The kept run was written before repeats existed (runs/LABEL/result.json): repeat 1.
+    assert (report.rows[0]["training_seconds"], report.rows[0]["repeats"]) == (40.0, 1)
+    speed = report.rows[1]
+    assert (speed["training_seconds"], speed["repeats"]) == (22.0, 2)
+    assert (speed["training_seconds_min"], speed["training_seconds_max"]) == (20.0, 24.0)
     with pytest.raises(ValueError, match="no run labelled nope in balance; its runs: lenet-equal"):
         run_experiment(experiment, runner, tmp_path, only=["nope"])  # type: ignore[arg-type]

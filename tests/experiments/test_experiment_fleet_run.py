@@ -78,12 +78,26 @@ def test_runner_trains_on_a_real_fleet_scrapes_it_and_writes_the_outputs(
         assert resources.scrapes >= 2 and 1 <= resources.steps <= 4
         assert resources.cpu_seconds > 0 and resources.resident_memory_peak_bytes > 100 * 2**20
         assert resources.network_transmit_bytes > summary["gradient_bytes_wire"] / 2
-    assert progress == [progress[0]] and progress[0].startswith(
-        "[1/1] resources mlp-l1-b16: ok, 4 steps x 2 ranks"
-    )
+    # The schedule, the run starting (with an estimate) and its outcome with the machine load.
+    assert progress[0].startswith("1 runs (1 x 1 repeats, interleaved); ETA unknown")
+    assert progress[1].startswith("[1/1] resources mlp-l1-b16 (repeat 1/1): starting; ETA")
+    assert progress[2].startswith("[1/1] resources mlp-l1-b16 (repeat 1/1): ok, 4 steps x 2 ranks")
+    assert "outside the fleet" in progress[2] and len(progress) == 3
+    # The load record: the devices' CPU from the fleet's cgroup accounting (TensorFlow on two
+    # devices), our own fleet run/horovodrun/ssh apart from it, and what ran outside.
+    load = result.load
+    assert load is not None and load.seconds > 5
+    assert load.devices_cpu_seconds is not None and load.devices_cpu_seconds > 2.0
+    assert load.driver_cpu_seconds > 0.5  # fleet run's Python, horovodrun's driver, ssh
+    assert load.outside_cpu_seconds is not None and load.busy is not None
+    # The workers' own CPU seconds, read by their exporters over part of the run, fit inside
+    # what the cgroups counted for the devices over all of it.
+    scraped = sum(resources.cpu_seconds for resources in result.resources.values())
+    assert 0 < scraped <= load.devices_cpu_seconds
 
     for name in (
         "resources.csv",
+        "resources-runs.csv",
         "resources.json",
         "resources.md",
         "resources-devices.csv",
@@ -102,6 +116,8 @@ def test_runner_trains_on_a_real_fleet_scrapes_it_and_writes_the_outputs(
     assert float(row["memory_peak_mb"]) > 100
     document = json.loads((out / "resources.json").read_text())
     assert document["runs"][0]["summary"]["steps"] == 4
+    assert result.run_dir == out / "runs" / "mlp-l1-b16" / "repeat-1"
     assert json.loads((result.run_dir / "result.json").read_text())["status"] == "ok"
+    assert document["runs"][0]["load"]["devices_cpu_seconds"] > 2.0
     # The runner brought its fleet down itself.
     assert Fleet(state_dir).state() is None

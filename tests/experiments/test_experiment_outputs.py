@@ -62,7 +62,7 @@ def test_devices_outputs_rows_targets_and_plot(tmp_path: Path) -> None:
     results = _devices_results({1: 40.0, 2: 25.0, 4: 15.0})
     report = write_outputs(experiment, results, tmp_path, command="globaldl experiment devices")
     names = sorted(path.name for path in report.paths)
-    assert names == ["devices.csv", "devices.json", "devices.md", "devices.png"]
+    assert names == ["devices-runs.csv", "devices.csv", "devices.json", "devices.md", "devices.png"]
     _assert_png(tmp_path / "devices.png")
 
     rows = {row["label"]: row for row in _read_csv(tmp_path / "devices.csv")}
@@ -74,17 +74,20 @@ def test_devices_outputs_rows_targets_and_plot(tmp_path: Path) -> None:
 
     status = {check.goal: check.status for check in report.targets}
     assert status == {
-        "lenet, none: time per epoch falls from 1 to 4 devices": "met",
-        "lenet, prune+quantize: time per epoch falls from 1 to 4 devices": "met",
-        "lenet, prune+quantize: time to val_accuracy 0.9 falls from 1 to 4 devices": "met",
+        "lenet, none: time per epoch falls at every step from 1 to 4 devices": "met",
+        "lenet, prune+quantize: time per epoch falls at every step from 1 to 4 devices": "met",
+        "lenet, prune+quantize: time to val_accuracy 0.9 falls at every step from 1 to 4 "
+        "devices": "met",
     }
     markdown = (tmp_path / "devices.md").read_text()
     assert "| model | compression | devices |" in markdown
     assert "Delay is NOT emulated" in markdown
     assert (
-        "| lenet, prune+quantize: time to val_accuracy 0.9 falls from 1 to 4 devices | met |"
-        in markdown
+        "| lenet, prune+quantize: time to val_accuracy 0.9 falls at every step from 1 to 4 "
+        "devices | met |" in markdown
     )
+    # One repeat: the markdown says these are not benchmark results.
+    assert "Fewer than 3 repeats" in markdown
     assert "![devices](devices.png)" in markdown
     document = json.loads((tmp_path / "devices.json").read_text())
     assert len(document["runs"]) == 6 and document["complete"] is True
@@ -96,7 +99,9 @@ def test_devices_target_is_not_met_when_more_devices_take_longer(tmp_path: Path)
         DevicesExperiment(quick=True), _devices_results({1: 10.0, 2: 25.0, 4: 40.0}), tmp_path
     )
     checks = {check.goal: check for check in report.targets}
-    check = checks["lenet, prune+quantize: time to val_accuracy 0.9 falls from 1 to 4 devices"]
+    check = checks[
+        "lenet, prune+quantize: time to val_accuracy 0.9 falls at every step from 1 to 4 devices"
+    ]
     assert check.met is False and "1: 10.0 s, 2: 25.0 s, 4: 40.0 s" in check.measured
 
 
@@ -251,7 +256,7 @@ def test_run_results_round_trip_and_report_rebuilds_the_tables_without_a_fleet(
 
     from globaldl.cli.experiment import app
     from globaldl.experiments import RunResult
-    from globaldl.summary import write_json_atomically
+    from globaldl.files import write_json_atomically
 
     plan = BottleneckExperiment(quick=True).plan()
     for spec in plan[:3]:  # the fourth run never finished
@@ -269,7 +274,7 @@ def test_run_results_round_trip_and_report_rebuilds_the_tables_without_a_fleet(
 
     completed = CliRunner().invoke(app, ["report", "bottleneck", "--quick", "--out", str(tmp_path)])
     assert completed.exit_code == 0, completed.output
-    assert "bottleneck: 3 of 4 runs" in completed.output
+    assert "bottleneck: 3 runs, 3 of 4 labels of the plan" in completed.output
     assert [row["label"] for row in _read_csv(tmp_path / "bottleneck.csv")] == [
         spec.label for spec in plan[:3]
     ]

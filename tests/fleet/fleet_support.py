@@ -129,7 +129,7 @@ def leftovers(prefix: str, state_dir: Path) -> dict[str, list[str]]:
     ]
     found["cgroups"] = [
         str(path)
-        for controller in ("cpu", "cpuacct", "memory")
+        for controller in ("cpu", "memory", "cpuacct")
         for path in [Path(f"/sys/fs/cgroup/{controller}/{prefix}-fleet")]
         if path.exists()
     ]

@@ -164,17 +164,6 @@ def test_crashed_run_then_down_leaves_nothing(test_fleet):
     assert not leftovers(test_fleet.prefix, test_fleet.state_dir)
 
 
-def _train_is_a_subcommand() -> bool:
-    completed = subprocess.run(
-        [str(BIN / "globaldl"), "train", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    return completed.returncode == 0 and "globaldl train" in completed.stdout
-
-
 # Horovod's coordination runs every cycle (HOROVOD_CYCLE_TIME, 1 ms by default) whether or not a
 # tensor is ready; measured here at ~240 kB/s per device. Allow well above that per second of run.
 COORDINATION_BYTES_PER_SECOND = 500_000
@@ -183,11 +172,6 @@ HEADER_OVERHEAD = 0.10  # Ethernet/IP/TCP headers (~4.5%) and ACKs for the bytes
 
 @pytest.mark.slow
 def test_fleet_train_run_interface_bytes_agree_with_summary(test_fleet, tmp_path):
-    if not _train_is_a_subcommand():
-        pytest.skip(
-            "`globaldl train` is not a sub-command yet (globaldl/cli/main.py registers only one "
-            "command)"
-        )
     test_fleet.up("-n", "2", "--profile", "custom:20:20")
     summary = tmp_path / "summary.json"
     completed = test_fleet.cli(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from globaldl.fleet.accounting import account_bytes
-from globaldl.fleet.launcher import ElasticOptions, horovodrun_argv, train_argv
+from globaldl.fleet.launcher import ElasticOptions, horovodrun_argv
 from globaldl.fleet.plan import plan_fleet
 from globaldl.fleet.profiles import (
     DEFAULT_PROFILES_PATH,
@@ -273,37 +273,6 @@ def test_elastic_horovodrun_command_uses_discovery_and_bounded_waits():
         horovodrun_argv(
             [_device("a-1", "10.1.0.2")], Path("/k"), ["x"], elastic=ElasticOptions(1, 1)
         )
-
-
-def test_train_command_binds_metrics_to_each_devices_own_address():
-    argv = train_argv(
-        ["--epochs", "1"],
-        run_id="r1",
-        summary=Path("/s.json"),
-        metrics_port=9400,
-        globaldl=Path("/g"),
-    )
-    assert argv[:3] == ["/bin/sh", "-c", 'exec "$@" --metrics-addr "$(hostname -i)"']
-    assert argv[4:] == [
-        "/g",
-        "train",
-        "--epochs",
-        "1",
-        "--run-id",
-        "r1",
-        "--summary",
-        "/s.json",
-        "--metrics-port",
-        "9400",
-    ]
-    plain = train_argv(
-        ["--summary", "mine.json"],
-        run_id="r1",
-        summary=Path("/s.json"),
-        metrics_port=None,
-        globaldl=Path("/g"),
-    )
-    assert plain == ["/g", "train", "--summary", "mine.json", "--run-id", "r1"]
 
 
 def test_byte_accounting_compares_counter_deltas_with_the_summary():

@@ -1,9 +1,7 @@
-"""What every `globaldl fleet` command shares: the Typer app, the state-dir option, errors."""
+"""What every `globaldl fleet` command shares: the Typer app, the state-dir option, output."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,30 +23,9 @@ StateDir = Annotated[
 ]
 
 
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Bad input or a refused system operation -> one line on stderr and exit code 2.
-
-    Same contract as globaldl.cli.errors.user_errors, without importing it: that module pulls
-    in TensorFlow (through globaldl.checkpoint), which would make `fleet hosts` (run by Horovod
-    Elastic every few seconds) take seconds of CPU instead of milliseconds.
-    """
-    try:
-        yield
-    except (ValueError, OSError) as error:
-        typer.echo(f"globaldl: error: {error}", err=True)
-        raise typer.Exit(code=2) from None
-
-
 def echo_err(message: str) -> None:
     """One line on stderr (progress and warnings of fleet operations)."""
     typer.echo(message, err=True)
-
-
-def fail(error: Exception) -> None:
-    """A refused system operation: one line on stderr and exit code 1."""
-    typer.echo(f"globaldl: error: {error}", err=True)
-    raise typer.Exit(code=1)
 
 
 def raise_keyboard_interrupt(signum: int, frame: Any) -> None:

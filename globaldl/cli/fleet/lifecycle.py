@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
-from globaldl.cli.fleet._common import StateDir, app, echo_err, fail, user_errors
-from globaldl.fleet.fleet import Fleet, FleetError
+from globaldl.cli.errors import user_errors
+from globaldl.cli.fleet._common import StateDir, app, echo_err
+from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.state import DEFAULT_STATE_DIR
 
 
@@ -15,10 +16,7 @@ from globaldl.fleet.state import DEFAULT_STATE_DIR
 def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     """Remove everything the fleet created; safe to run twice."""
     with user_errors():
-        try:
-            removed = Fleet(state_dir).down(log=echo_err)
-        except FleetError as error:
-            fail(error)
+        removed = Fleet(state_dir).down(log=echo_err)
     typer.echo(
         "fleet down: removed"
         if removed
@@ -51,9 +49,7 @@ def revive(
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Bring a killed device back: link up, sshd started, login checked."""
-    with user_errors():
-        try:
-            Fleet(state_dir).revive(device)
-        except RuntimeError as error:
-            fail(error)
+    # A device whose sshd will not start or answer is refused by the system (exit 1).
+    with user_errors(refused=(RuntimeError,)):
+        Fleet(state_dir).revive(device)
     typer.echo(f"{device}: up")

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from globaldl.cli.fleet._common import StateDir, app, user_errors
+from globaldl.cli.errors import user_errors
+from globaldl.cli.fleet._common import StateDir, app
 from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.linkcheck import measure_path
 from globaldl.fleet.paths import HOST

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from globaldl.cli.fleet._common import StateDir, app, echo_err, user_errors
+from globaldl.cli.errors import user_errors
+from globaldl.cli.fleet._common import StateDir, app, echo_err
 from globaldl.fleet import launcher
 from globaldl.fleet.fleet import Fleet, emulation_cpu_seconds
 from globaldl.fleet.horovod_link import HorovodLinkSettings, horovod_link_settings, link_budget
+from globaldl.fleet.model_size import dense_gradient_bytes, parse_train_settings
+from globaldl.fleet.request import ProgramRequest, TrainRequest, new_run_id
 from globaldl.fleet.state import DEFAULT_STATE_DIR, FleetState
 
-# `globaldl train` flags that make the exchange compressed (smaller than dense fp32).
-_COMPRESSION_FLAGS = ("--prune", "--quantize")
+if TYPE_CHECKING:
+    from globaldl.settings import TrainSettings
+
 SITES_FILE_OPTION = "--sites-file"
 SITES_FILE_ENV = "GLOBALDL_SITES_FILE"
 
@@ -104,46 +109,23 @@ def run(
                 worker_args.append("--elastic")
         elif min_np is not None or max_np is not None:
             raise ValueError("--min-np and --max-np need --elastic")
-        run_id = run_id or launcher.option_value(worker_args, "--run-id") or launcher.new_run_id()
+        request = _request(worker_args, exec_command, run_id, summary, metrics_port)
         env = os.environ.copy()
+        settings = None
+        if isinstance(request, TrainRequest):
+            settings = parse_train_settings(request.train_args)
         if state.site_map_path is not None:
             env[SITES_FILE_ENV] = str(state.site_map_path)
-            if not exec_command:
-                worker_args = _with_sites_file(worker_args, state)
+            if isinstance(request, TrainRequest):
+                request = _with_sites_file(request, settings, state)
         link = _link_settings(
-            state,
-            fleet,
-            None if exec_command else worker_args,
-            env,
-            start_timeout_seconds,
-            timeout_seconds,
-            elastic_options,
+            state, fleet, settings, env, start_timeout_seconds, timeout_seconds, elastic_options
         )
         for note in link.notes:
             echo_err(f"fleet run: {note}")
         env.update(link.environment())
-        if exec_command:
-            if not worker_args:
-                raise ValueError("--exec needs a command after --")
-            worker_argv = worker_args
-            summary_path = summary.resolve() if summary else None
-        else:
-            given = launcher.option_value(worker_args, "--summary")
-            summary_path = Path(
-                given or summary or launcher.DEFAULT_RUNS_DIR / run_id / "summary.json"
-            ).resolve()
-            summary_path.parent.mkdir(parents=True, exist_ok=True)
-            # A relative --summary means the same file on every device: workers start in this cwd.
-            worker_argv = launcher.train_argv(
-                worker_args, run_id=run_id, summary=summary_path, metrics_port=metrics_port
-            )
-        base_port = (
-            metrics_port
-            if metrics_port is not None
-            else _int_or_none(launcher.option_value(worker_args, "--metrics-port"))
-        )
         targets_dir = None
-        if base_port is not None:
+        if request.metrics_port is not None:
             from globaldl.monitoring.prometheus import DEFAULT_STATE_DIR as PROMETHEUS_STATE_DIR
             from globaldl.monitoring.prometheus import targets_dir as prometheus_targets_dir
 
@@ -151,11 +133,8 @@ def run(
         emulation_before = emulation_cpu_seconds(state)
         result = launcher.run_on_fleet(
             fleet,
-            worker_argv,
-            run_id=run_id,
-            summary_path=summary_path,
+            request,
             targets_dir=targets_dir,
-            metrics_port=base_port,
             timeout_seconds=timeout_seconds,
             start_timeout_seconds=link.start_timeout_seconds,
             network_interface=network_interface,
@@ -165,7 +144,7 @@ def run(
         )
         emulation_after = emulation_cpu_seconds(state)
         links_path = _write_links_record(
-            summary_path, link, result.seconds, emulation_before, emulation_after
+            request.summary_path, link, result.seconds, emulation_before, emulation_after
         )
     typer.echo(
         f"fleet run {result.run_id}: {len(result.hosts)} devices, exit {result.returncode}, "
@@ -196,18 +175,38 @@ def run(
         raise typer.Exit(code=result.returncode)
 
 
+def _request(
+    worker_args: list[str],
+    exec_command: bool,
+    run_id: str | None,
+    summary: Path | None,
+    metrics_port: int | None,
+) -> TrainRequest | ProgramRequest:
+    """What every device runs, read once from the command line (the launcher gets it typed)."""
+    if exec_command:
+        return ProgramRequest(
+            command=tuple(worker_args),
+            run_id=run_id or new_run_id(),
+            summary_path=summary.resolve() if summary else None,
+            metrics_port=metrics_port,
+        )
+    request = TrainRequest.from_command_line(
+        worker_args, run_id=run_id, summary=summary, metrics_port=metrics_port
+    )
+    request.summary_path.parent.mkdir(parents=True, exist_ok=True)
+    return request
+
+
 def _link_settings(
     state: FleetState,
     fleet: Fleet,
-    train_args: list[str] | None,
+    settings: TrainSettings | None,
     env: dict[str, str],
     start_timeout_seconds: int | None,
     run_timeout_seconds: float,
     elastic: launcher.ElasticOptions | None,
 ) -> HorovodLinkSettings:
-    """Horovod's settings for the live devices' links (the model sized from `train_args`)."""
-    from globaldl.fleet.model_size import dense_gradient_bytes
-
+    """Horovod's settings for the live devices' links (the model sized from `settings`)."""
     devices = [device.name for device in fleet.live_devices()] or [
         device.name for device in state.devices
     ]
@@ -216,12 +215,8 @@ def _link_settings(
         devices = [device.name for device in state.devices][: elastic.max_np]
     return horovod_link_settings(
         link_budget(state, devices),
-        dense_gradient_bytes=dense_gradient_bytes(train_args) if train_args is not None else None,
-        compressed=train_args is not None
-        and any(
-            launcher.option_value(train_args, flag) not in (None, "none")
-            for flag in _COMPRESSION_FLAGS
-        ),
+        dense_gradient_bytes=dense_gradient_bytes(settings) if settings is not None else None,
+        compressed=settings is not None and (settings.prune, settings.quantize) != ("none", "none"),
         environ=env,
         start_timeout_seconds=start_timeout_seconds,
         default_start_timeout_seconds=launcher.DEFAULT_START_TIMEOUT_SECONDS,
@@ -229,19 +224,24 @@ def _link_settings(
     )
 
 
-def _with_sites_file(train_args: list[str], state: FleetState) -> list[str]:
-    """Add `--sites-file MAP` when this globaldl's train reads site maps (the contract)."""
+def _with_sites_file(
+    request: TrainRequest, settings: TrainSettings | None, state: FleetState
+) -> TrainRequest:
+    """Add `--sites-file MAP` where this globaldl's train reads site maps (the contract)."""
     from globaldl.settings import FIELDS
 
-    if launcher.option_value(train_args, SITES_FILE_OPTION) is not None:
-        return train_args
     if "sites_file" not in FIELDS:
         echo_err(
             f"fleet run: this globaldl's `train` has no {SITES_FILE_OPTION} yet; the site map "
             f"{state.site_map_path} is passed as ${SITES_FILE_ENV} only"
         )
-        return train_args
-    return [*train_args, SITES_FILE_OPTION, str(state.site_map_path)]
+        return request
+    if getattr(settings, "sites_file", None) is not None:
+        return request  # the user chose one
+    return replace(
+        request,
+        train_args=(*request.train_args, SITES_FILE_OPTION, str(state.site_map_path)),
+    )
 
 
 def _write_links_record(
@@ -254,10 +254,9 @@ def _write_links_record(
     """`<summary>.links.json`: the Horovod link settings and the emulation's CPU over the run."""
     if summary_path is None:
         return None
-    import json
     from dataclasses import asdict
 
-    from globaldl.fleet.system import write_atomically
+    from globaldl.files import write_json_atomically
 
     cpu = (
         emulation_after - emulation_before
@@ -272,9 +271,7 @@ def _write_links_record(
         "emulation_cpu_cores_mean": cpu / seconds if cpu is not None and seconds > 0 else None,
         "written_at_unix": time.time(),
     }
-    write_atomically(path, json.dumps(record, indent=2) + "\n")
+    write_json_atomically(path, record)
     return path
 
 
-def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text is not None else None

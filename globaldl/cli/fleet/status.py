@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from globaldl.cli.fleet._common import StateDir, app, link_text, user_errors
+from globaldl.cli.errors import user_errors
+from globaldl.cli.fleet._common import StateDir, app, link_text
 from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.state import DEFAULT_STATE_DIR
 

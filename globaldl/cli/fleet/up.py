@@ -8,16 +8,15 @@ from typing import Annotated
 
 import typer
 
+from globaldl.cli.errors import user_errors
 from globaldl.cli.fleet._common import (
     StateDir,
     app,
     echo_err,
-    fail,
     link_text,
     raise_keyboard_interrupt,
-    user_errors,
 )
-from globaldl.fleet.fleet import Fleet, FleetError
+from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.plan import DEFAULT_MEMORY_MB, DEFAULT_PREFIX, DEFAULT_SUBNET, plan_from_options
 from globaldl.fleet.profiles import DEFAULT_PROFILES_PATH, load_profiles
 from globaldl.fleet.sites import DEFAULT_LAN_PROFILE
@@ -122,10 +121,7 @@ def up(
         )
         # A `kill` during up must still roll back.
         signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
-        try:
-            state = Fleet(state_dir).up(plan, latency=latency, log=echo_err)
-        except FleetError as error:
-            fail(error)
+        state = Fleet(state_dir).up(plan, latency=latency, log=echo_err)
     if state.latency_emulated:
         latency_text = f"emulated ({state.emulator})"
     elif any(d.profile.impaired for d in state.devices) or any(s.wan.impaired for s in state.sites):

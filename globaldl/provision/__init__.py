@@ -1,0 +1,1 @@
+"""Provisioning devices with deploy/ansible: the offline wheelhouse per platform, inventories."""

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Build the patched Horovod wheel against a virtualenv's TensorFlow (TensorFlow + Gloo, no MPI).
+# Used by scripts/setup.sh on this machine and by deploy/ansible on one device per architecture.
+#   build-horovod.sh VENV OUT_DIR [SDIST]
+# VENV holds the pinned TensorFlow stack; the wheel lands in OUT_DIR (copied, then renamed, so a
+# killed build never leaves half a wheel); SDIST is Horovod's source archive when the machine
+# has no index to download it from (devices provisioned offline).
+set -euo pipefail
+export TF_CPP_MIN_LOG_LEVEL=3
+
+horovod_version=0.28.1
+venv=${1:?usage: build-horovod.sh VENV OUT_DIR [SDIST]}
+out_dir=${2:?usage: build-horovod.sh VENV OUT_DIR [SDIST]}
+sdist=${3:-}
+
+log() { printf '[build-horovod] %s\n' "$*" >&2; }
+# pip warns once per package about this machine's optional local indexes; hide only that line.
+pip_quiet() { "$venv/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tf_version=$("$venv/bin/python" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
+log "building Horovod $horovod_version against TensorFlow $tf_version (about 4 minutes on 2 cores)"
+if [[ -z $sdist ]]; then
+  pip_quiet download -q --no-deps --no-binary :all: "horovod==$horovod_version" -d "$work"
+  sdist="$work/horovod-$horovod_version.tar.gz"
+fi
+tar -xzf "$sdist" -C "$work"
+src="$work/horovod-$horovod_version"
+
+# Horovod 0.28.1 is the last release; two source edits make it build and run here:
+# 1. horovod/tensorflow/xla_mpi_ops.cc holds XLA GPU custom-call ops whose headers moved in
+#    TensorFlow 2.16+; it is dropped from the build (no GPU here, nothing uses it).
+# 2. GlooContext::InitializeForProcessSet never copies gloo_iface_ from the global context, so
+#    process-set contexts fall back to the hostname, which on edge devices often resolves to
+#    127.0.1.1; the one-line fix copies the interface.
+sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+grep -q 'xla_mpi_ops' "$src/horovod/tensorflow/CMakeLists.txt" && { log "could not drop xla_mpi_ops.cc"; exit 1; }
+perl -0pi -e 's/(GlooContext::InitializeForProcessSet.*?)(\n([ \t]*)device_attr\.iface = gloo_iface_;)/$1\n$3gloo_iface_ = global_context.gloo_iface_;$2/s' \
+  "$src/horovod/common/gloo/gloo_context.cc"
+[[ $(grep -c 'gloo_iface_ = global_context.gloo_iface_;' "$src/horovod/common/gloo/gloo_context.cc") == 1 ]] \
+  || { log "could not apply the Gloo interface fix"; exit 1; }
+# Written only once both edits are verified: `globaldl doctor` reads it on every device, since
+# the compiled library cannot show whether the interface fix went in.
+cat >"$src/horovod/globaldl_patches.py" <<'PY'
+"""Source edits applied by globaldl's scripts/build-horovod.sh before this Horovod was built."""
+
+APPLIED = ("drop-xla-mpi-ops", "gloo-process-set-interface")
+PY
+
+(
+  cd "$src"
+  export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
+    HOROVOD_CMAKE=${HOROVOD_CMAKE:-/usr/bin/cmake} MAKEFLAGS="-j$(nproc)"
+  "$venv/bin/pip" wheel -q --no-build-isolation --no-deps . -w "$work/dist" >"$work/build.log" 2>&1 \
+    || { tail -40 "$work/build.log" >&2; exit 1; }
+)
+mkdir -p "$out_dir"
+wheel=$(ls "$work"/dist/horovod-*.whl)
+cp "$wheel" "$out_dir/.partial.whl"
+mv "$out_dir/.partial.whl" "$out_dir/$(basename "$wheel")"
+log "built $out_dir/$(basename "$wheel")"
