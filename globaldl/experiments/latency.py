@@ -1,11 +1,14 @@
 """`latency`: step time and time to accuracy against one-way delay, for three codecs.
 
 Four devices on 5 Mbit/s uplinks (20 Mbit/s down) train LeNet on MNIST while every access link
-adds a one-way delay of 0, 25, 50, 100 and 300 ms each way (`custom:5:20:DELAY`; a packet from
-device to device crosses two access links, so its one-way delay is twice the link's and its
-round trip four times). Dense fp32, Horovod's fp16 and top-k 1% + int8 each run at every
-delay. Where per-step synchronisation becomes latency-bound is read off the measured step
-times: the delay at which the time the delay adds to a step exceeds the whole step at 0 ms.
+adds a one-way delay of 0, 10, 25, 50, 100 and 300 ms each way (`custom:5:20:DELAY`; a packet
+from device to device crosses two access links, so its one-way delay is twice the link's and
+its round trip four times). Dense fp32, Horovod's fp16 and top-k 1% + int8 each run at every
+delay. At 0 ms every codec trains to the target accuracy; with a delay, two short epochs
+measure the step, and the time to accuracy is projected: the same steps, each longer by what
+the delay added (synchronous SGD takes the same steps whatever the delay; the runs check it,
+bitwise). Where per-step synchronisation becomes latency-bound is read off the step times: the
+delay at which the time the delay adds to a step exceeds the whole step at 0 ms.
 """
 
 from __future__ import annotations
@@ -25,17 +28,18 @@ from globaldl.experiments.outputs import number_or_none, save_figure
 from globaldl.experiments.runner import RunResult
 from globaldl.experiments.spec import LENET_MNIST, FleetConfig, RunSpec, compression_args, slug
 
-DELAYS_MS: tuple[float, ...] = (0, 25, 50, 100, 300)
+DELAYS_MS: tuple[float, ...] = (0, 10, 25, 50, 100, 300)
 QUICK_DELAYS_MS: tuple[float, ...] = (0, 100)
 CODECS: tuple[str, ...] = ("none", "fp16", "prune+quantize")
 QUICK_CODECS: tuple[str, ...] = ("none", "prune+quantize")
 UP_MBIT, DOWN_MBIT = 5, 20
 # Two epochs of 62 steps reach 0.90 with every codec at 4 devices (the ablation's runs).
 FULL_EPOCHS = 2
-# Beyond this delay a run to the target would take a quarter hour per codec: those runs are
-# bounded (two epochs of BOUNDED_STEPS steps) and their time to accuracy is projected.
-FULL_UP_TO_MS = 100.0
-BOUNDED_STEPS = 12
+# A delayed step waits for a dozen or more device round trips (a smoke run: ~16 at 100 ms),
+# so a run to the target would take a quarter hour per codec at 100 ms: runs with a delay are
+# bounded to two epochs of BOUNDED_STEPS steps (the second gives the steady step).
+FULL_UP_TO_MS = 0.0
+BOUNDED_STEPS = 8
 QUICK_STEPS = 6
 
 
@@ -88,7 +92,6 @@ class LatencyExperiment(Experiment):
         "val_accuracy",
         "seconds_to_target",
         "seconds_to_target_projected",
-        "weights_match_delay_0",
         "horovod_cycle_time_ms",
         "status",
     )
@@ -159,75 +162,57 @@ class LatencyExperiment(Experiment):
         return specs
 
     def rows(self, results: Sequence[RunResult]) -> list[dict[str, Any]]:
-        """One row per run; delay costs against the same codec at 0 ms."""
+        """One row per run (repeats included): its steady step and, run to the end, its time."""
         target = self.workload.target_accuracy
-        by_key = {
-            (r.spec.factors["compression"], r.spec.factors["delay_ms"]): r
-            for r in results
-            if r.summary is not None
-        }
         rows = []
         for result in results:
             row = run_row(result)
-            compression, delay = row["compression"], row["delay_ms"]
-            row["device_round_trip_ms"] = device_round_trip_ms(delay)
+            row["device_round_trip_ms"] = device_round_trip_ms(row["delay_ms"])
             summary = result.summary
             if summary is not None:
-                steady = steady_step_seconds(summary)
-                row["steady_step_seconds"] = steady
-                base = by_key.get((compression, 0))
-                base_steady = steady_step_seconds(base.summary) if base and base.summary else None
-                if steady is not None and base_steady is not None:
-                    row["added_by_delay_seconds"] = steady - base_steady
-                    if delay > 0:
-                        row["round_trips_per_step"] = (steady - base_steady) / (
-                            device_round_trip_ms(delay) / 1000
-                        )
+                row["steady_step_seconds"] = steady_step_seconds(summary)
                 if row["schedule"] == "full":
-                    row["seconds_to_target"] = seconds_or_not_reached(
-                        time_to_target(summary["history"], target)
-                    )
-                    if base is not None and base.summary is not None and delay > 0:
-                        row["weights_match_delay_0"] = (
-                            summary["weight_digests"][0] == base.summary["weight_digests"][0]
-                        )
-                else:
-                    row["seconds_to_target_projected"] = self._projected(
-                        compression, steady, by_key
-                    )
+                    reached = time_to_target(summary["history"], target)
+                    row["seconds_to_target"] = seconds_or_not_reached(reached)
+                    row["steps_to_target"] = _steps_to_target(summary, target)
             rows.append(row)
         return rows
 
-    def _projected(
-        self, compression: str, steady: float | None, by_key: dict[tuple[str, float], RunResult]
-    ) -> float | str | None:
-        """Time to the target at a bounded run's delay, from the longest full run of the codec.
+    def aggregate(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Medians per run; then, per codec against its 0 ms row, what the delay added.
 
-        Synchronous SGD with one seed takes the same steps whatever the delay (the full runs
-        check it: `weights_match_delay_0`), so only the time per step changes:
-        projected = full run's time to target + its steps to target x (this step - its step).
+        `added_by_delay_seconds` = steady step - the 0 ms steady step; `round_trips_per_step`
+        = that over one device round trip; for bounded runs `seconds_to_target_projected` =
+        the 0 ms time to target + its steps to target x the added time.
         """
-        full = [
-            (delay, result)
-            for (codec, delay), result in by_key.items()
-            if codec == compression and self.schedule(delay) == "full"
-        ]
-        if steady is None or not full:
-            return None
-        _, reference = max(full, key=lambda item: item[0])
-        summary = reference.summary
-        assert summary is not None
-        reached = time_to_target(summary["history"], self.workload.target_accuracy)
-        reference_steady = steady_step_seconds(summary)
-        if reached is None or reference_steady is None:
-            return NOT_REACHED
-        steps_per_epoch = int(summary["steps"]) / len(summary["history"])
-        epochs_to_target = next(
-            index
-            for index, epoch in enumerate(summary["history"], start=1)
-            if float(epoch["val_accuracy"]) >= self.workload.target_accuracy
-        )
-        return reached + epochs_to_target * steps_per_epoch * (steady - reference_steady)
+        table = super().aggregate(rows)
+        for row in table:
+            base = next(
+                (
+                    other
+                    for other in table
+                    if other["compression"] == row["compression"] and other["delay_ms"] == 0
+                ),
+                None,
+            )
+            steady = number_or_none(row.get("steady_step_seconds"))
+            base_steady = number_or_none(base.get("steady_step_seconds")) if base else None
+            if steady is None or base_steady is None:
+                continue
+            row["added_by_delay_seconds"] = steady - base_steady
+            if row["delay_ms"] > 0:
+                row["round_trips_per_step"] = (steady - base_steady) / (
+                    device_round_trip_ms(row["delay_ms"]) / 1000
+                )
+            if row["schedule"] == "bounded" and base is not None and base["schedule"] == "full":
+                reached = number_or_none(base.get("seconds_to_target"))
+                steps = number_or_none(base.get("steps_to_target"))
+                row["seconds_to_target_projected"] = (
+                    reached + steps * (steady - base_steady)
+                    if reached is not None and steps is not None
+                    else NOT_REACHED
+                )
+        return table
 
     def latency_bound_delays(self, rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
         """Per codec: the delay (ms per access link) from which a step is latency-bound."""
@@ -260,15 +245,7 @@ class LatencyExperiment(Experiment):
                     delay is not None,
                 )
             )
-        matches = [row["weights_match_delay_0"] for row in rows if "weights_match_delay_0" in row]
-        checks.append(
-            TargetCheck(
-                "the delay changes no step: full runs end with the 0 ms run's weights "
-                "(the basis of the projected times)",
-                f"{sum(matches)} of {len(matches)} full runs bitwise equal",
-                all(matches) if matches else None,
-            )
-        )
+        checks.append(_same_weights_at_every_delay(results))
         return checks
 
     def plots(
@@ -329,7 +306,7 @@ class LatencyExperiment(Experiment):
         """Where each codec becomes latency-bound, in words."""
         from globaldl.bench.results import markdown_table
 
-        rows = self.rows(results)
+        rows = self.aggregate(self.rows(results))
         table = []
         for compression, delay in self.latency_bound_delays(rows).items():
             base = next(
@@ -366,31 +343,37 @@ class LatencyExperiment(Experiment):
 
     def method(self) -> str:
         """How the runs are built, and how long they take."""
+        full = [d for d in self.delays_ms if self.schedule(d) == "full"]
         bounded = [d for d in self.delays_ms if self.schedule(d) == "bounded"]
+        steps = QUICK_STEPS if self.quick else BOUNDED_STEPS
         return (
             f"{self.devices} devices x {self.cpu_cores_per_device:g} cores, links "
             f"`custom:{UP_MBIT}:{DOWN_MBIT}:DELAY` (DELAY ms one way on every access link, "
-            "each way; vde2 wirefilter; the 0 ms links are plain veth pairs, nothing to emulate), "
-            "LeNet/MNIST, local batch 16, seed 0. Runs at "
-            f"{', '.join(f'{d:g}' for d in self.delays_ms if self.schedule(d) == 'full')} ms "
-            f"train {FULL_EPOCHS} epochs and report the measured time to "
-            f"{self.workload.target_accuracy:g} (`seconds_to_target`, from the first step, "
-            "start-up excluded). "
+            "each way, vde2 wirefilter; the 0 ms links are plain veth pairs, nothing to emulate), "
+            "LeNet/MNIST, local batch 16, seed 0. "
             + (
-                f"Runs at {', '.join(f'{d:g}' for d in bounded)} ms train 2 epochs of "
-                f"{QUICK_STEPS if self.quick else BOUNDED_STEPS} steps: their step time is "
-                "measured, their time to the target is projected "
-                "(`seconds_to_target_projected`): the same steps as the longest full run of the "
-                "codec, each longer by the difference in step time. The projection rests on "
-                "synchronous SGD taking the same steps whatever the delay; the full runs check "
-                "it (`weights_match_delay_0`: bitwise the 0 ms run's final weights). "
+                f"Runs at {', '.join(f'{d:g}' for d in full)} ms train {FULL_EPOCHS} epochs and "
+                f"report the measured time to {self.workload.target_accuracy:g} "
+                "(`seconds_to_target`, from the first step, start-up excluded). "
+                if full
+                else ""
+            )
+            + (
+                f"Runs at {', '.join(f'{d:g}' for d in bounded)} ms train 2 epochs of {steps} "
+                "steps: their step is measured, their time to the target projected "
+                "(`seconds_to_target_projected` = the 0 ms run's time to target + its steps to "
+                "target x `added_by_delay_seconds`). The projection rests on synchronous SGD "
+                "taking the same steps whatever the delay: the runs of one codec and schedule "
+                "must end with bitwise equal weights (a target below). "
                 if bounded
                 else ""
             )
             + "`steady_step_seconds` is the last epoch's seconds over its steps (its validation "
-            "included), free of the first epoch's tracing and TCP slow start. Expected duration "
-            "of one repeat on a quiet 2-core machine: ~45 minutes (15 runs, ~40 s start-up each; "
-            "the 300 ms dense runs ~3 minutes each)."
+            f"included: one per {steps} steps in the bounded runs), free of the first epoch's "
+            "tracing and TCP slow start; `round_trips_per_step` is what the delay added over one "
+            "device-to-device round trip. Expected duration of one repeat on a quiet 2-core "
+            "machine: ~45 minutes (18 runs, ~40 s start-up each; a smoke run measured ~16 round "
+            "trips per dense step, so the 300 ms runs take ~5 minutes each)."
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -405,3 +388,29 @@ class LatencyExperiment(Experiment):
             "up_mbit": UP_MBIT,
             "down_mbit": DOWN_MBIT,
         }
+
+
+def _steps_to_target(summary: dict[str, Any], target: float) -> int | None:
+    """Steps to the end of the first epoch that reached `target`; None if none did."""
+    steps_per_epoch = int(summary["steps"]) // max(1, len(summary["history"]))
+    for index, epoch in enumerate(summary["history"], start=1):
+        if float(epoch["val_accuracy"]) >= target:
+            return index * steps_per_epoch
+    return None
+
+
+def _same_weights_at_every_delay(results: Sequence[RunResult]) -> TargetCheck:
+    """Runs of one codec and schedule end bitwise equal whatever the delay (rank 0's digest)."""
+    groups: dict[tuple[str, str], set[str]] = {}
+    for result in results:
+        if result.summary is not None and result.summary.get("weight_digests"):
+            key = (result.spec.factors["compression"], result.spec.factors["schedule"])
+            groups.setdefault(key, set()).add(result.summary["weight_digests"][0])
+    compared = {key: digests for key, digests in groups.items() if len(digests) >= 1}
+    equal = [key for key, digests in compared.items() if len(digests) == 1]
+    return TargetCheck(
+        "the delay changes no step: runs of one codec and schedule end with bitwise equal "
+        "weights at every delay (the basis of the projected times)",
+        f"{len(equal)} of {len(compared)} codec/schedule groups equal",
+        len(equal) == len(compared) if compared else None,
+    )

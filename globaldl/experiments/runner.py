@@ -155,7 +155,9 @@ class ExperimentRunner:
 
     def plan_fleet(self, fleet: FleetConfig) -> FleetPlan:
         """The fleet plan for a config, validated (CPU and memory must fit the machine)."""
-        sites = {"sites": fleet.sites, "lan": fleet.lan, "wan": fleet.profile} if fleet.sites else {}
+        sites = (
+            {"sites": fleet.sites, "lan": fleet.lan, "wan": fleet.profile} if fleet.sites else {}
+        )
         return plan_from_options(
             self.profiles,
             devices=fleet.devices,

@@ -15,6 +15,7 @@ def test_latency_plan_sweeps_the_delay_per_access_link_for_three_codecs():
     plan = LatencyExperiment().plan()
     assert [spec.fleet.profile for spec in plan[::3]] == [
         "custom:5:20",
+        "custom:5:20:10",
         "custom:5:20:25",
         "custom:5:20:50",
         "custom:5:20:100",
@@ -24,8 +25,10 @@ def test_latency_plan_sweeps_the_delay_per_access_link_for_three_codecs():
     assert all(spec.fleet.devices == 4 for spec in plan)
     full = [spec for spec in plan if spec.factors["schedule"] == "full"]
     bounded = [spec for spec in plan if spec.factors["schedule"] == "bounded"]
-    assert {spec.factors["delay_ms"] for spec in bounded} == {300}
+    # Only the 0 ms runs train to the target; with a delay, two epochs of 8 steps.
+    assert {spec.factors["delay_ms"] for spec in full} == {0}
     assert all(spec.option("--max-steps-per-epoch") is None for spec in full)
+    assert {spec.option("--max-steps-per-epoch") for spec in bounded} == {"8"}
     assert all(spec.option("--epochs") == "2" for spec in plan)
     with pytest.raises(ValueError, match="include 0"):
         LatencyExperiment(delays_ms=(25, 50))
@@ -39,47 +42,57 @@ def test_latency_bound_delay_is_where_the_added_time_reaches_the_zero_delay_step
     assert latency_bound_from_ms([(25, 1.0)]) is None
 
 
-def _latency_results(tmp_path: Path):
-    """Full runs at 0 and 100 ms (two epochs of 62 steps), a bounded one at 300 ms."""
+def _latency_results(tmp_path: Path, digests: tuple[str, str] = ("w", "w")):
+    """Two repeats of: 0 ms to the target (2 x 62 steps), 100 ms and 300 ms bounded (2 x 8)."""
     experiment = LatencyExperiment(delays_ms=(0, 100, 300), compressions=("none",))
     specs = {spec.factors["delay_ms"]: spec for spec in experiment.plan()}
-    full = {0: (40.0, 31.0), 100: (70.0, 62.0)}  # epoch seconds: the second is steady
     results = []
-    for delay, (first, second) in full.items():
-        run = summary(epoch_seconds=[first, second], val_accuracies=[0.85, 0.93], steps=124)
-        run["weight_digests"] = ["same", "same"]
-        results.append(result(specs[delay], run, tmp_dir=tmp_path))
-    bounded = summary(epoch_seconds=[30.0, 24.0], val_accuracies=[0.2, 0.3], steps=24)
-    results.append(result(specs[300], bounded, tmp_dir=tmp_path))
+    for repeat, second_epoch in ((1, 31.0), (2, 37.2)):  # steady 0.5 and 0.6 s per step
+        full = summary(epoch_seconds=[40.0, second_epoch], val_accuracies=[0.85, 0.93], steps=124)
+        full["weight_digests"] = ["full", "full"]
+        bounded = {
+            100: summary(epoch_seconds=[20.0, 8.8], val_accuracies=[0.2, 0.3], steps=16),
+            300: summary(epoch_seconds=[30.0, 20.4], val_accuracies=[0.2, 0.3], steps=16),
+        }
+        for delay, run in ((0, full), *bounded.items()):
+            if delay:
+                run["weight_digests"] = [digests[0] if delay == 100 else digests[1]] * 2
+            result_ = result(specs[delay], run, tmp_dir=tmp_path)
+            result_.repeat = repeat
+            results.append(result_)
     return experiment, results
 
 
-def test_latency_rows_measure_full_runs_and_project_bounded_ones_from_the_longest_full_run(
-    tmp_path: Path,
-):
+def test_latency_table_projects_bounded_runs_from_the_zero_delay_run_with_medians(tmp_path: Path):
     experiment, results = _latency_results(tmp_path)
-    rows = {row["delay_ms"]: row for row in experiment.rows(results)}
-    assert rows[0]["steady_step_seconds"] == pytest.approx(0.5)  # 31 s / 62 steps
-    assert rows[100]["steady_step_seconds"] == pytest.approx(1.0)
-    assert rows[100]["added_by_delay_seconds"] == pytest.approx(0.5)
-    # 0.5 s added over a 0.4 s device round trip: 1.25 round trips per step.
-    assert rows[100]["round_trips_per_step"] == pytest.approx(1.25)
-    assert rows[100]["seconds_to_target"] == pytest.approx(132.0)
-    assert rows[100]["weights_match_delay_0"] is True
-    # 300 ms: 2 s per step; the 100 ms run reached 0.90 after 2 epochs of 62 steps in 132 s.
-    assert rows[300]["steady_step_seconds"] == pytest.approx(2.0)
-    assert rows[300]["seconds_to_target_projected"] == pytest.approx(132 + 124 * (2.0 - 1.0))
-    assert "seconds_to_target" not in rows[300]
-    checks = experiment.targets(list(rows.values()), results)
+    table = {row["delay_ms"]: row for row in experiment.aggregate(experiment.rows(results))}
+    assert table[0]["steady_step_seconds"] == pytest.approx(0.55)  # median of 0.5 and 0.6
+    assert table[0]["seconds_to_target"] == pytest.approx(74.1)  # median of 71 and 77.2
+    assert table[0]["steps_to_target"] == 124
+    assert table[100]["steady_step_seconds"] == pytest.approx(1.1)  # 8.8 s / 8 steps
+    assert table[100]["added_by_delay_seconds"] == pytest.approx(0.55)
+    # 0.55 s added over a 0.4 s device round trip: 1.375 round trips per step.
+    assert table[100]["round_trips_per_step"] == pytest.approx(1.375)
+    assert table[300]["seconds_to_target_projected"] == pytest.approx(74.1 + 124 * (2.55 - 0.55))
+    assert "seconds_to_target" not in table[300]
+    checks = experiment.targets(list(table.values()), results)
     assert checks[0].met and "from 100 ms per link" in checks[0].measured
-    assert checks[-1].met and checks[-1].measured == "1 of 1 full runs bitwise equal"
+    assert checks[-1].met and checks[-1].measured == "2 of 2 codec/schedule groups equal"
     markdown = experiment.extra_markdown(results)
     assert "latency-bound from (ms per link)" in markdown and "| none |" in markdown
 
 
+def test_latency_trajectory_check_fails_when_a_delay_changed_the_weights(tmp_path: Path):
+    experiment, results = _latency_results(tmp_path, digests=("a", "b"))
+    rows = experiment.aggregate(experiment.rows(results))
+    check = experiment.targets(rows, results)[-1]
+    assert check.met is False and check.measured == "1 of 2 codec/schedule groups equal"
+
+
 def test_latency_plot_draws_measured_and_projected_times(tmp_path: Path):
     experiment, results = _latency_results(tmp_path)
-    (path,) = experiment.plots(experiment.rows(results), results, tmp_path)
+    rows = experiment.aggregate(experiment.rows(results))
+    (path,) = experiment.plots(rows, results, tmp_path)
     assert path.name == "latency.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -161,7 +174,8 @@ def test_latency_scale_and_sites_commands_print_their_plans_and_name_bad_delays(
     runner = CliRunner()
     latency = runner.invoke(app, ["experiment", "latency", "--dry-run", "--delays-ms", "0,50"])
     assert latency.exit_code == 0, latency.output
-    assert "latency: 6 runs" in latency.output and "--profile custom:5:20:50" in latency.output
+    assert "latency: 6 runs" in latency.output, latency.output
+    assert "--profile custom:5:20:50" in latency.output
     sites = runner.invoke(app, ["experiment", "sites", "--dry-run", "--quick"])
     assert "--sites 2x2 --lan lan --wan lte" in sites.output, sites.output
     assert (

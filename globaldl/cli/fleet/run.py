@@ -273,5 +273,3 @@ def _write_links_record(
     }
     write_json_atomically(path, record)
     return path
-
-
