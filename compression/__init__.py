@@ -3,66 +3,35 @@
 ``GradientCompressor`` turns all of a model's gradients into one payload per step and back;
 the codecs below it are registered by name:
 
-* sparsifiers (step 1): ``none``, ``topk``, ``randomk``, ``threshold``, ``dgc``;
-* quantizers (step 2): ``none``, ``fp16``, ``int8``, ``qsgd``, ``terngrad``, ``sign``.
+* sparsifiers (step 1): ``none``, ``topk``, ``randomk``, ``threshold``, ``dgc``, and the
+  ones whose positions every rank agrees on, so the payloads sum: ``shared-randomk``,
+  ``shared-topk``; and ``powersgd`` (rank-r factors, summed in two rounds);
+* quantizers (step 2): ``none``, ``fp16``, ``int8``, ``qsgd``, ``terngrad``, ``sign``, and
+  ``intsum`` (integer codes on a shared scale, summed exactly; summed payloads only).
 
-No Horovod and no file I/O here: the exchange (``globaldl.exchange``) moves the payloads.
+No Horovod and no file I/O here: the exchange (``globaldl.exchange``) moves the payloads,
+reading only the compressor's :class:`WireSpec`.
+
+The settings (:class:`CompressionConfig`) and the wire declaration import no TensorFlow; every
+other name loads on first use (PEP 562), so validating settings and ``--help`` stay light.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from globaldl.compression import dgc, fp16, int8, qsgd, randomk, sign, terngrad, threshold, topk
-from globaldl.compression.base import Codec, Registry, TensorInfo, serialize
-from globaldl.compression.compressor import GradientCompressor, StateUpdate, compression_ratio
-from globaldl.compression.config import PRUNE_NAMES, QUANTIZE_NAMES, Combine, CompressionConfig
-from globaldl.compression.dgc import DGC
-from globaldl.compression.fp16 import FP16
-from globaldl.compression.int8 import Int8
-from globaldl.compression.qsgd import QSGD
-from globaldl.compression.quantizer import QUANTIZERS, NoQuantization, QuantizedValues, Quantizer
-from globaldl.compression.randomk import RandomK
-from globaldl.compression.sign import Sign
-from globaldl.compression.sparsifier import SPARSIFIERS, NoPruning, Sparsifier
-from globaldl.compression.terngrad import TernGrad
-from globaldl.compression.threshold import Threshold
-from globaldl.compression.topk import TopK
+from globaldl.compression.config import PRUNE_NAMES, QUANTIZE_NAMES, CompressionConfig
+from globaldl.compression.wire_spec import Combine, WireSpec
 
-del dgc, fp16, int8, qsgd, randomk, sign, terngrad, threshold, topk  # imported to register
+_EAGER = {"PRUNE_NAMES", "QUANTIZE_NAMES", "CompressionConfig", "Combine", "WireSpec"}
 
 
-def get_sparsifier(identifier: str | dict[str, Any] | Sparsifier) -> Sparsifier:
-    """A sparsifier from a name (``PRUNE_NAMES``), a config dict or an instance."""
-    return SPARSIFIERS.get(identifier)
+def __getattr__(name: str) -> Any:
+    if name in __all__ and name not in _EAGER:
+        from globaldl.compression import codecs
 
-
-def get_quantizer(identifier: str | dict[str, Any] | Quantizer) -> Quantizer:
-    """A quantizer from a name (``QUANTIZE_NAMES``), a config dict or an instance."""
-    return QUANTIZERS.get(identifier)
-
-
-def get(identifier: str | dict[str, Any] | Codec) -> Codec:
-    """Any codec from a name, a config dict (``{"class_name": ..., "config": {...}}``) or itself.
-
-    "none" names both a sparsifier and a quantizer: use :func:`get_sparsifier` or
-    :func:`get_quantizer` for it (or the class names ``NoPruning`` / ``NoQuantization``).
-    """
-    if isinstance(identifier, Codec):
-        return identifier
-    name = identifier.get("class_name") if isinstance(identifier, dict) else identifier
-    registries = [r for r in (SPARSIFIERS, QUANTIZERS) if isinstance(name, str) and name in r]
-    if len(registries) > 1:
-        raise ValueError(
-            f"{name!r} names both a sparsifier and a quantizer; use get_sparsifier({name!r}) "
-            f"or get_quantizer({name!r})"
-        )
-    if not registries:
-        raise ValueError(
-            f"unknown codec {identifier!r}; valid sparsifiers: {list(PRUNE_NAMES)}, "
-            f"valid quantizers: {list(QUANTIZE_NAMES)}"
-        )
-    return registries[0].get(identifier)
+        return getattr(codecs, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
@@ -78,12 +47,16 @@ __all__ = [
     "CompressionConfig",
     "GradientCompressor",
     "Int8",
+    "IntSum",
     "NoPruning",
     "NoQuantization",
+    "PowerSGD",
     "QuantizedValues",
     "Quantizer",
     "RandomK",
     "Registry",
+    "SharedRandomK",
+    "SharedTopK",
     "Sign",
     "Sparsifier",
     "StateUpdate",
@@ -91,6 +64,7 @@ __all__ = [
     "TernGrad",
     "Threshold",
     "TopK",
+    "WireSpec",
     "compression_ratio",
     "get",
     "get_quantizer",

@@ -1,88 +1,82 @@
-"""GradientCompressor: all of a model's gradients into one payload per step, and back."""
+"""GradientCompressor: all of a model's gradients into one payload per round, and back."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
-from globaldl.compression import elias_fano
 from globaldl.compression.base import TensorInfo, check_range, check_type
-from globaldl.compression.blocks import block_layout, static_block_count
-from globaldl.compression.config import Combine, CompressionConfig
-from globaldl.compression.quantizer import QUANTIZERS, QuantizedValues, Quantizer
-from globaldl.compression.sparsifier import EXCLUDED, SPARSIFIERS, Sparsifier, kept_count
-from globaldl.compression.weight_pruning import WeightPruning, is_prunable
-from globaldl.compression.wire import GatherWireFormat
+from globaldl.compression.config import CompressionConfig
+from globaldl.compression.gather_path import GatherPath
+from globaldl.compression.layout import FlatLayout
+from globaldl.compression.powersgd import LowRankPath
+from globaldl.compression.quantizer import QUANTIZERS, Quantizer
+from globaldl.compression.selection import fold_seed, select_positions
+from globaldl.compression.sparsifier import SPARSIFIERS, Sparsifier
+from globaldl.compression.state import LOCAL_STATE, CompressorState, StateUpdate
+from globaldl.compression.sum_path import SumPath
+from globaldl.compression.weight_pruning import WeightPruning
+from globaldl.compression.wire_spec import Combine, WireSpec
 
-_SELECT_SALT = 1
-_DENSE_SALT = 2
-_SPARSE_SALT = 3
-
+SELECT_SALT = 1
+SHARED_STREAM = -1
+"""Stands in for the rank in the seed of draws every rank must make alike."""
 
 # Every branch and loop here is on static Python values (tf.cond where a tensor decides), so
 # AutoGraph has nothing to convert; skipping it makes tracing the trainer's step much faster.
 _plain_python = tf.autograph.experimental.do_not_convert
 
 
-def _fold(seed: tf.Tensor, salt: int) -> tf.Tensor:
-    """A new stateless seed derived from ``seed`` and ``salt``."""
-    return tf.random.experimental.stateless_fold_in(seed, salt)
-
-
-class StateUpdate(NamedTuple):
-    """New values for ``GradientCompressor.step_state_variables``, in that order.
-
-    A NamedTuple of tensors, so it can be returned from (or passed into) a ``tf.function``.
-    """
-
-    values: tuple[tf.Tensor, ...]
-
-
 class GradientCompressor:
-    """Compresses ALL gradients of a model into ONE payload per step (one collective per step).
+    """Compresses ALL gradients of a model into ONE payload per round (one collective each).
 
     Per step, on every rank::
 
-        payload, update = compressor.compress(gradients, step)        # phase: compress
-        exchanged = <allreduce or allgather of payload>                # phase: exchange
-        averaged, any_nonfinite = compressor.decompress(exchanged, lengths, num_ranks)
-        if not any_nonfinite:                                          # phase: apply
+        payload, update = compressor.compress(gradients, step)          # phase: compress
+        exchanged = <collective of payload, as compressor.wire_spec says> # phase: exchange
+        averaged, any_nonfinite, update = compressor.decompress_update(
+            exchanged, lengths, num_ranks, update)                       # phase: decompress
+        if not any_nonfinite:                                            # phase: apply
             optimizer.apply_gradients(zip(averaged, variables))
             compressor.apply_state(update)
             compressor.apply_weight_masks()
             compressor.update_weight_masks(step)
 
+    (``decompress(exchanged, lengths, num_ranks)`` returns the first two and drops the state:
+    enough for codecs without shared state.)
+
     Layout: gradients are cast to float32 and laid out in one flat vector, the pruned
     ("sparse") tensors first, then the tensors sent dense (fewer than
-    ``config.dense_below_elements`` entries, or every tensor when ``prune == "none"``).
+    ``config.dense_below_elements`` entries, or every tensor when nothing is pruned).
 
-    ``combine`` is SUM (allreduce) when nothing is pruned and the quantizer is none or fp16:
-    the payload is then the flat vector (float32, or float16) plus one trailing flag element.
-    Otherwise it is GATHER (allgather) of one uint8 buffer per rank; see
-    :mod:`globaldl.compression.wire` for its layout.
+    How payloads combine follows from the codecs' declarations, never their names, and is
+    published as ``wire_spec`` for the exchange: SUM when every rank sends the same positions
+    (``Sparsifier.agreed_indices``) and the quantizer's values add up
+    (``Quantizer.sum_encoding``): one fixed-length vector, see :mod:`.sum_path`. GATHER
+    otherwise: one uint8 buffer per rank, see :mod:`.wire`.
 
     With ``prune == "dgc"`` the momentum is applied here (``applies_momentum`` is True): the
     optimizer must then be plain SGD without momentum.
 
     Args:
-        config: the settings.
+        config: the settings, as the CLI built them.
         variables: the trainable variables, in the order gradients will be given.
         steps_per_epoch: for DGC's warm-up and the weight-pruning schedule.
-        rank: this rank (only varies the stochastic draws between ranks).
-        num_ranks: ranks at construction (only scales DGC's clip_norm).
+        rank: this rank (varies the per-rank random draws).
+        num_ranks: ranks whose payloads are combined (scales DGC's clip_norm, sizes the
+            integer lanes of summed codes).
 
     Attributes:
-        combine: how the exchange combines payloads (Combine.SUM or Combine.GATHER).
-        payload_dtype: float32 / float16 (SUM) or uint8 (GATHER).
+        wire_spec: the declaration the exchange obeys.
+        combine, payload_dtype, fixed_payload_bytes: the same, as attributes.
         raw_bytes_per_step: bytes of all gradients as dense float32.
-        fixed_payload_bytes: the exact payload length when it never varies (always for SUM;
-            for GATHER with topk/randomk/none and no weight pruning of dense-sent kernels),
-            else None (threshold, dgc, or dense-sent kernels being weight-pruned).
-        state_variables: everything to checkpoint (residual, momentum, weight masks).
-        step_state_variables: the part of it a StateUpdate carries (residual, momentum).
+        local_state_variables: this rank's own (error-feedback residual, DGC momentum).
+        shared_state_variables: identical on every rank (weight masks, the shared scales of
+            summed codes, shared top-k's score): broadcast with the weights.
+        state_variables: both (everything to checkpoint).
+        step_state_variables: the part a StateUpdate carries, in its order.
         applies_momentum: True for dgc (the optimizer must then run without momentum).
         tensor_infos: a TensorInfo per variable (offset in the flat layout, pruned or dense).
 
@@ -125,96 +119,124 @@ class GradientCompressor:
                 end_step=config.weight_pruning_end_epoch * steps_per_epoch,
                 frequency_steps=config.weight_pruning_frequency_steps,
             )
-        self._build_layout()
-
-        self.lossless = config.prune == "none" and self.quantizer.is_lossless
-        summable = config.prune == "none" and config.quantize in ("none", "fp16")
-        self.combine = Combine.SUM if summable else Combine.GATHER
-        self.payload_dtype = (
-            (tf.float16 if config.quantize == "fp16" else tf.float32) if summable else tf.uint8
+        self.layout = FlatLayout(
+            self.variables,
+            prunes=not self.sparsifier.sends_everything,
+            dense_below_elements=config.dense_below_elements,
+            density=config.density,
+            weight_pruning=self.weight_pruning,
         )
+        self._build_paths()
+        self.lossless = self.sparsifier.sends_everything and self.quantizer.is_lossless
         self.applies_momentum = self.sparsifier.applies_momentum
         self.raw_bytes_per_step = 4 * self.num_elements
+        self._build_state()
 
-        self._residual: tf.Variable | None = None
-        self._momentum: tf.Variable | None = None
-        if config.error_feedback and not self.lossless:
-            self._residual = tf.Variable(
-                tf.zeros([self.num_elements]), trainable=False, name="compression_residual"
-            )
+    # ------------------------------------------------------------------------ declarations
+    def _build_paths(self) -> None:
+        """Choose SUM or GATHER from the codecs' declarations; refuse what neither can carry."""
+        layout = self.layout
+        self.low_rank_path: LowRankPath | None = None
+        self.sum_path: SumPath | None = None
+        self.gather_path: GatherPath | None = None
+        if self.sparsifier.low_rank:
+            path = LowRankPath(layout, self.quantizer, self.sparsifier.rank, self.num_ranks)  # type: ignore[attr-defined]
+            self.low_rank_path = path
+            self._declare(Combine.SUM, path.dtype, path.round_bytes)
+            return
+        encoding = None
+        if self.sparsifier.agreed_indices:
+            value_groups = layout.sum_value_groups()
+            groups = len(layout.sparse_infos) + len(layout.dense_infos)
+            encoding = self.quantizer.sum_encoding(self.num_ranks, value_groups, groups)
+        if encoding is not None:
+            self.sum_path = SumPath(layout, encoding)
+        else:
+            if not self.quantizer.gatherable:
+                agreed = [name for name in SPARSIFIERS.names if _agrees(name)]
+                raise ValueError(
+                    f"quantize={self.config.quantize!r} adds codes across ranks, so every rank "
+                    f"must send the same positions; prune={self.config.prune!r} lets each "
+                    f"rank choose its own. Use prune one of {agreed}"
+                )
+            self.gather_path = GatherPath(layout, self.quantizer, self.sparsifier.fixed_count)
+        path = self.sum_path or self.gather_path
+        combine = Combine.SUM if self.sum_path is not None else Combine.GATHER
+        self._declare(combine, path.dtype, (path.fixed_bytes,))  # type: ignore[union-attr]
+
+    def _declare(self, combine: Combine, dtype: str, round_bytes: tuple[int | None, ...]) -> None:
+        self.combine = combine
+        self.payload_dtype = tf.as_dtype(dtype)
+        self.fixed_payload_bytes: int | None = round_bytes[0]
+        self.wire_spec = WireSpec(combine=combine, dtype=dtype, round_bytes=round_bytes)
+
+    def _build_state(self) -> None:
+        state: dict[str, tf.Variable] = {}
+        zeros = tf.zeros([self.num_elements])
+        if self.config.error_feedback and not self.lossless:
+            state["residual"] = tf.Variable(zeros, trainable=False, name="compression_residual")
         if self.applies_momentum:
-            self._momentum = tf.Variable(
-                tf.zeros([self.num_elements]), trainable=False, name="compression_momentum"
+            state["momentum"] = tf.Variable(zeros, trainable=False, name="compression_momentum")
+        if self.sum_path is not None and self.sum_path.encoding.uses_scales:
+            state["scales"] = tf.Variable(
+                self.sum_path.encoding.initial_scales(), trainable=False, name="compression_scales"
             )
-        self.step_state_variables: list[tf.Variable] = [
-            v for v in (self._residual, self._momentum) if v is not None
-        ]
-        self.state_variables: list[tf.Variable] = self.step_state_variables + (
-            self.weight_pruning.mask_variables if self.weight_pruning else []
-        )
-        self.fixed_payload_bytes = self._fixed_payload_bytes()
+        if self.low_rank_path is not None:
+            state["basis"] = tf.Variable(
+                self.low_rank_path.initial_basis(self.config.seed),
+                trainable=False,
+                name="compression_basis",
+            )
+        if self.sparsifier.uses_shared_score:
+            state["score"] = tf.Variable(
+                tf.zeros([self.sparsifier.score_rows, self.sparse_elements]),
+                trainable=False,
+                name="compression_score",
+            )
+        masks = self.weight_pruning.mask_variables if self.weight_pruning else []
+        self.state = CompressorState(state, masks)
+        self.step_state_variables: list[tf.Variable] = self.state.step_variables
+        self.local_state_variables: list[tf.Variable] = self.state.local
+        self.shared_state_variables: list[tf.Variable] = self.state.shared
+        self.state_variables: list[tf.Variable] = self.state.everything
 
-    # ----------------------------------------------------------------------------------- layout
-    def _build_layout(self) -> None:
-        config = self.config
-        shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
-        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
-        is_sparse = [
-            config.prune != "none" and size > 0 and size >= config.dense_below_elements
-            for size in sizes
-        ]
-        order = [i for i in range(len(shapes)) if is_sparse[i]] + [
-            i for i in range(len(shapes)) if not is_sparse[i]
-        ]
-        infos: dict[int, TensorInfo] = {}
-        offset = 0
-        for index in order:
-            infos[index] = TensorInfo(
-                name=self.variables[index].name,
-                shape=shapes[index],
-                index=index,
-                offset=offset,
-                sparse=is_sparse[index],
-                prunable_weights=self.weight_pruning is not None and is_prunable(shapes[index]),
-            )
-            offset += sizes[index]
-        self.tensor_infos: list[TensorInfo] = [infos[i] for i in range(len(shapes))]
-        self._layout_order = [infos[i] for i in order]
-        self.sparse_infos = [info for info in self._layout_order if info.sparse]
-        self.dense_infos = [info for info in self._layout_order if not info.sparse]
-        self.num_elements = offset
-        self.sparse_elements = sum(info.size for info in self.sparse_infos)
-        self.dense_elements = self.num_elements - self.sparse_elements
-        self._caps = {
-            info.index: (
-                self.weight_pruning.remaining(info.index) if info.prunable_weights else None
-            )
-            for info in self.sparse_infos
-        }
-        self._static_kept = [
-            kept_count(info.size, config.density, self._caps[info.index])
-            for info in self.sparse_infos
-        ]
-        # Dense-sent kernels lose entries as weights are pruned: then the dense part varies.
-        self._dense_count_varies = any(info.prunable_weights for info in self.dense_infos)
-        self.wire = GatherWireFormat(
-            sparse_universe=self.sparse_elements,
-            low_bits=elias_fano.low_bits_for(self.sparse_elements, sum(self._static_kept)),
-            bits_per_value=self.quantizer.bits_per_value,
-            uses_scales=self.quantizer.uses_scales,
-            block_size=self.quantizer.block_size,
-            sparse_tensor_starts=tuple(info.offset for info in self.sparse_infos),
-        )
+    # ----------------------------------------------------------------- layout, for callers
+    @property
+    def tensor_infos(self) -> list[TensorInfo]:
+        """A TensorInfo per variable, in variable order."""
+        return self.layout.tensor_infos
 
-    def _fixed_payload_bytes(self) -> int | None:
-        if self._dense_count_varies:
-            return None
-        if self.combine is Combine.SUM:
-            return (self.dense_elements + 1) * self.payload_dtype.size
-        if not self.sparsifier.fixed_count:
-            return None
-        sparse_blocks = static_block_count(self._static_kept, self.wire.block_size)
-        return self.wire.size_bytes(self.dense_elements, sum(self._static_kept), sparse_blocks)
+    @property
+    def sparse_infos(self) -> list[TensorInfo]:
+        """The pruned tensors, in layout order."""
+        return self.layout.sparse_infos
+
+    @property
+    def dense_infos(self) -> list[TensorInfo]:
+        """The tensors sent dense, in layout order."""
+        return self.layout.dense_infos
+
+    @property
+    def num_elements(self) -> int:
+        """Entries of all gradients."""
+        return self.layout.num_elements
+
+    @property
+    def sparse_elements(self) -> int:
+        """Entries of the pruned tensors (the first part of the layout)."""
+        return self.layout.sparse_elements
+
+    @property
+    def dense_elements(self) -> int:
+        """Entries of the tensors sent dense (the second part)."""
+        return self.layout.dense_elements
+
+    @property
+    def wire(self) -> Any:
+        """The gathered buffer's format (GATHER only)."""
+        if self.gather_path is None:
+            raise AttributeError("a summed payload has no gathered wire format")
+        return self.gather_path.wire
 
     # --------------------------------------------------------------------------------- compress
     @_plain_python
@@ -223,213 +245,169 @@ class GradientCompressor:
     ) -> tuple[tf.Tensor, StateUpdate]:
         """Return this rank's payload for ``gradients`` at global ``step``, and the state it leaves.
 
-        SUM: float32 (float16 for fp16) vector = the gradients (after error feedback and
-        quantization) + one trailing element, 1.0 if the gradients had NaN/Inf (then the rest
-        is zeros) else 0.0. GATHER: one uint8 buffer (see :mod:`globaldl.compression.wire`).
-        Changes no variable: the new residual/momentum come back in the StateUpdate (the old
-        values when the gradients were not finite).
+        The payload is what ``wire_spec`` declares: a summable vector (values, the NaN/Inf
+        flag, counters) or one uint8 buffer. A rank whose gradients hold NaN/Inf sends zeros
+        and its flag. Changes no variable: the new state comes back in the StateUpdate (the
+        old local state when the gradients were not finite).
         """
         if len(gradients) != len(self.variables):
             raise ValueError(f"got {len(gradients)} gradients for {len(self.variables)} variables")
         step = tf.cast(step, tf.int64)
-        gradient, nonfinite = self._flatten(gradients)
-        keep = self._flat_keep_mask()
-        residual = None if self._residual is None else tf.convert_to_tensor(self._residual)
-        momentum = None if self._momentum is None else tf.convert_to_tensor(self._momentum)
-        accumulated, new_momentum = self.sparsifier.accumulate(gradient, residual, momentum)
+        state = self.state.read()
+        gradient, nonfinite = self.layout.flatten(gradients)
+        keep = self.layout.keep_mask()
+        accumulated, new_momentum = self.sparsifier.accumulate(
+            gradient, state.get("residual"), state.get("momentum")
+        )
         if keep is not None:
             accumulated = tf.where(keep, accumulated, 0.0)
             if new_momentum is not None:
                 new_momentum = tf.where(keep, new_momentum, 0.0)
         # A rank whose gradients are not finite sends zeros (and its flag).
         accumulated = tf.where(nonfinite, tf.zeros_like(accumulated), accumulated)
-        seed = self._seed(step)
 
-        dense_positions = self._dense_positions(keep)
-        dense_values = (
-            accumulated[self.sparse_elements :]
-            if dense_positions is None
-            else tf.gather(accumulated, dense_positions)
-        )
-        dense = self.quantizer.quantize(dense_values, _fold(seed, _DENSE_SALT))
-        sparse_positions = self._select(accumulated, keep, step, _fold(seed, _SELECT_SALT))
-        sparse = None
-        if self.sparse_infos:
-            blocks = None
-            if self.wire.uses_scales:
-                blocks = block_layout(
-                    sparse_positions,
-                    tf.zeros_like(sparse_positions),
-                    1,
-                    np.asarray(self.wire.sparse_tensor_starts, np.int32),
-                    self.wire.block_size,
-                )
-            sparse = self.quantizer.quantize(
-                tf.gather(accumulated, sparse_positions), _fold(seed, _SPARSE_SALT), blocks
+        if self.low_rank_path is not None:
+            payload, dense_sent = self.low_rank_path.encode_first(
+                accumulated, nonfinite, state["basis"]
             )
+            return payload, self.state.update(state, (accumulated, dense_sent, nonfinite))
 
-        if self.combine is Combine.SUM:
-            flag = tf.cast(tf.reshape(nonfinite, [1]), tf.float32)
-            payload = tf.cast(tf.concat([dense.reconstruction, flag], axis=0), self.payload_dtype)
-        else:
-            payload = self.wire.encode(nonfinite, dense, sparse_positions, sparse)
-
-        new_state = []
-        if self._residual is not None:
-            sent = self._scatter_sent(sparse_positions, sparse, dense_positions, dense)
-            new_state.append(accumulated - sent)
-        if self._momentum is not None:
-            sent_mask = tf.scatter_nd(
-                sparse_positions[:, tf.newaxis],
-                tf.ones_like(sparse_positions, tf.bool),
-                [self.num_elements],
-            )
-            new_state.append(self.sparsifier.after_send(new_momentum, sent_mask))
-        new_state = [
-            tf.where(nonfinite, tf.convert_to_tensor(variable), value)
-            for variable, value in zip(self.step_state_variables, new_state, strict=True)
-        ]
-        return payload, StateUpdate(tuple(new_state))
-
-    def _scatter_sent(
-        self,
-        sparse_positions: tf.Tensor,
-        sparse: QuantizedValues | None,
-        dense_positions: tf.Tensor | None,
-        dense: QuantizedValues,
-    ) -> tf.Tensor:
-        """What the receivers will decode from this rank, as a flat float32 [N] vector."""
-        pieces = []
-        if sparse is not None:
-            pieces.append(
-                tf.scatter_nd(
-                    sparse_positions[:, tf.newaxis], sparse.reconstruction, [self.sparse_elements]
-                )
-            )
-        pieces.append(self._place_dense(dense_positions, dense.reconstruction))
-        return tf.concat(pieces, axis=0)
-
-    def _place_dense(self, dense_positions: tf.Tensor | None, values: tf.Tensor) -> tf.Tensor:
-        """Dense-sent values [D] (or [.., D]) -> the dense part of the flat layout."""
-        if dense_positions is None:
-            return values
-        return tf.scatter_nd(
-            (dense_positions - self.sparse_elements)[:, tf.newaxis], values, [self.dense_elements]
-        )
-
-    def _flatten(self, gradients: list[tf.Tensor | None]) -> tuple[tf.Tensor, tf.Tensor]:
-        pieces = []
-        for info in self._layout_order:
-            gradient = gradients[info.index]
-            if gradient is None:
-                pieces.append(tf.zeros([info.size], tf.float32))
-                continue
-            gradient = tf.convert_to_tensor(gradient)
-            if gradient.shape.is_fully_defined() and gradient.shape.num_elements() != info.size:
-                raise ValueError(
-                    f"gradient {info.index} has shape {gradient.shape.as_list()} but variable "
-                    f"{info.name!r} has shape {list(info.shape)}"
-                )
-            if gradient.dtype != tf.float32:
-                gradient = tf.cast(gradient, tf.float32)
-            pieces.append(tf.reshape(gradient, [-1]))
-        flat = tf.concat(pieces, axis=0) if pieces else tf.zeros([0], tf.float32)
-        nonfinite = tf.logical_not(tf.reduce_all(tf.math.is_finite(flat)))
-        return tf.where(nonfinite, tf.zeros_like(flat), flat), nonfinite
-
-    def _flat_keep_mask(self) -> tf.Tensor | None:
-        """Bool [N]: False at weights pruned to zero; None when weight pruning is off."""
-        if self.weight_pruning is None:
-            return None
-        pieces = []
-        for info in self._layout_order:
-            mask = self.weight_pruning.masks.get(info.index)
-            pieces.append(tf.ones([info.size], tf.bool) if mask is None else tf.reshape(mask, [-1]))
-        return tf.concat(pieces, axis=0)
-
-    def _dense_positions(self, keep: tf.Tensor | None) -> tf.Tensor | None:
-        """Flat positions of the entries sent dense; None when that is all of them, in order."""
-        if keep is None or not self._dense_count_varies:
-            return None
-        dense_keep = keep[self.sparse_elements :]
-        return tf.cast(tf.where(dense_keep)[:, 0], tf.int32) + self.sparse_elements
-
-    def _dense_count(self, dense_positions: tf.Tensor | None) -> int | tf.Tensor:
-        return self.dense_elements if dense_positions is None else tf.size(dense_positions)
-
-    def _select(
-        self, accumulated: tf.Tensor, keep: tf.Tensor | None, step: tf.Tensor, seed: tf.Tensor
-    ) -> tf.Tensor:
-        if not self.sparse_infos:
-            return tf.zeros([0], tf.int32)
-        magnitudes = tf.abs(accumulated[: self.sparse_elements])
-        if keep is not None:
-            magnitudes = tf.where(keep[: self.sparse_elements], magnitudes, EXCLUDED)
+        seed = self._seed(step, self.rank)
+        selection_seed = self._seed(step, SHARED_STREAM) if self.sparsifier.agreed_indices else seed
         density: float | tf.Tensor = self.config.density
         if self.sparsifier.uses_warmup:
             density = self.sparsifier.density_at(self.config.density, step // self.steps_per_epoch)
-        pieces = []
-        for info in self.sparse_infos:
-            num_kept = kept_count(info.size, density, self._caps[info.index])
-            indices = self.sparsifier.select(
-                magnitudes[info.offset : info.offset + info.size],
-                num_kept,
-                _fold(seed, info.index),
+        positions = select_positions(
+            self.sparsifier,
+            self.layout,
+            self._shared_priority(state["score"]) if "score" in state else accumulated,
+            keep,
+            density,
+            fold_seed(selection_seed, SELECT_SALT),
+        )
+        if self.sum_path is not None:
+            encoded = self.sum_path.encode(
+                accumulated, positions, keep, nonfinite, state.get("scales")
             )
-            pieces.append(tf.cast(indices, tf.int32) + info.offset)
-        return tf.concat(pieces, axis=0)
+        else:
+            encoded = self.gather_path.encode(accumulated, positions, keep, nonfinite, seed)  # type: ignore[union-attr]
 
-    def _seed(self, step: tf.Tensor) -> tf.Tensor:
-        base = tf.constant([self.config.seed, self.rank], tf.int64)
+        new_state = dict(state)
+        if "residual" in state:
+            new_state["residual"] = accumulated - encoded.sent
+        if "momentum" in state:
+            sent_mask = tf.scatter_nd(
+                positions[:, tf.newaxis], tf.ones_like(positions, tf.bool), [self.num_elements]
+            )
+            new_state["momentum"] = self.sparsifier.after_send(new_momentum, sent_mask)
+        for name in LOCAL_STATE:
+            if name in state:
+                new_state[name] = tf.where(nonfinite, state[name], new_state[name])
+        return encoded.payload, self.state.update(new_state, (positions,))
+
+    def _shared_priority(self, score: tf.Tensor) -> tf.Tensor:
+        """What shared selection ranks, tensor by tensor, from the shared score."""
+        if not self.sparse_infos:
+            return tf.zeros([0])
+        return tf.concat(
+            [
+                self.sparsifier.score_priority(score[:, info.offset : info.offset + info.size])
+                for info in self.sparse_infos
+            ],
+            axis=0,
+        )
+
+    def _seed(self, step: tf.Tensor, stream: int) -> tf.Tensor:
+        base = tf.constant([self.config.seed, stream], tf.int64)
         return tf.random.experimental.stateless_fold_in(base, step)
+
+    @_plain_python
+    def next_round(
+        self,
+        round_index: int,
+        exchanged: tf.Tensor,
+        num_ranks: int | tf.Tensor,
+        update: StateUpdate,
+    ) -> tuple[tf.Tensor, StateUpdate]:
+        """The payload of round ``round_index`` (>= 1) from the previous round's sum.
+
+        Only for compressors whose ``wire_spec`` declares more than one round (PowerSGD).
+        """
+        if self.low_rank_path is None or round_index != 1:
+            raise ValueError(
+                f"round {round_index}: this compressor declares {self.wire_spec.rounds} round(s)"
+            )
+        accumulated, dense_sent, nonfinite = update.carry
+        path = self.low_rank_path
+        payload, p_hat, q_sent, dense_sum, any_nonfinite = path.encode_second(
+            exchanged, accumulated, num_ranks
+        )
+        new_state = self.state.named(update)
+        if "residual" in new_state:
+            residual = accumulated - path.sent(p_hat, q_sent, dense_sent)
+            new_state["residual"] = tf.where(nonfinite, new_state["residual"], residual)
+        return payload, self.state.update(new_state, (p_hat, dense_sum, any_nonfinite))
 
     # ------------------------------------------------------------------------------- decompress
     @_plain_python
-    def decompress(
-        self, exchanged: tf.Tensor, lengths: tf.Tensor | None, num_ranks: tf.Tensor
-    ) -> tuple[list[tf.Tensor], tf.Tensor]:
-        """The AVERAGED float32 gradients (variables' shapes) and whether any rank was nonfinite.
+    def decompress_update(
+        self,
+        exchanged: tf.Tensor,
+        lengths: tf.Tensor | None,
+        num_ranks: int | tf.Tensor,
+        update: StateUpdate | None,
+    ) -> tuple[list[tf.Tensor], tf.Tensor, StateUpdate | None]:
+        """The AVERAGED float32 gradients, whether any rank was nonfinite, and the final update.
 
         SUM: ``exchanged`` is the elementwise sum of every rank's payload (``lengths`` unused).
-        GATHER: the concatenation of every rank's buffer in rank order, ``lengths`` the byte
-        length of each (may be None when ``fixed_payload_bytes`` is set). Ranks that flagged
-        NaN/Inf contribute zeros, so the result stays finite; the trainer should skip the step.
+        GATHER: the concatenation of every rank's buffer in rank order, ``lengths`` the length
+        of each (may be None when ``fixed_payload_bytes`` is set). Ranks that flagged NaN/Inf
+        contribute zeros, so the result stays finite; the trainer should skip the step.
+        ``update`` (compress's) comes back with the shared state this exchange decided: the
+        next scales, the next score.
         """
-        num_ranks = tf.cast(num_ranks, tf.int32)
-        dense_positions = self._dense_positions(self._flat_keep_mask())
-        if self.combine is Combine.SUM:
-            exchanged = tf.cast(tf.reshape(exchanged, [-1]), tf.float32)
-            any_nonfinite = exchanged[-1] > 0.5
-            summed = self._place_dense(dense_positions, exchanged[:-1])
-        else:
-            if lengths is None:
-                if self.fixed_payload_bytes is None:
-                    raise ValueError("lengths=None needs a fixed payload size; this payload varies")
-                lengths = tf.fill([num_ranks], tf.constant(self.fixed_payload_bytes, tf.int64))
-            decoded = self.wire.decode(
-                exchanged, lengths, self._dense_count(dense_positions), self.fixed_payload_bytes
+        if self.gather_path is not None:
+            summed, any_nonfinite = self.gather_path.decode(exchanged, lengths, num_ranks)
+            averaged = summed / tf.cast(num_ranks, tf.float32)
+            return self.unflatten(averaged), any_nonfinite, update
+        if self.low_rank_path is not None:
+            if update is None or len(update.carry) != 3:
+                raise ValueError("PowerSGD decodes its second round with next_round's StateUpdate")
+            p_hat, dense_sum, any_nonfinite = update.carry
+            summed, basis = self.low_rank_path.decode(exchanged, p_hat, dense_sum, num_ranks)
+            update = self.state.replace(update, basis=basis)
+            averaged = summed / tf.cast(num_ranks, tf.float32)
+            return self.unflatten(averaged), any_nonfinite, update
+        if update is None and self.sparse_infos:
+            raise ValueError(
+                "a summed payload of pruned tensors decodes with the positions compress chose: "
+                "call decompress_update with compress's StateUpdate"
             )
-            any_nonfinite = tf.reduce_any(decoded.nonfinite)
-            # Ranks that flagged NaN/Inf contribute nothing.
-            dense_values = self.quantizer.dequantize(decoded.dense_symbols, decoded.dense_scales)
-            dense_values = tf.where(decoded.nonfinite[:, tf.newaxis], 0.0, dense_values)
-            pieces = []
-            if self.sparse_infos:
-                sparse_values = self.quantizer.dequantize(
-                    decoded.sparse_symbols, decoded.sparse_scales, decoded.sparse_blocks
-                )
-                sparse_values = tf.where(
-                    tf.gather(decoded.nonfinite, decoded.sparse_rank_ids), 0.0, sparse_values
-                )
-                pieces.append(
-                    tf.math.unsorted_segment_sum(
-                        sparse_values, decoded.sparse_positions, self.sparse_elements
-                    )
-                )
-            pieces.append(self._place_dense(dense_positions, tf.reduce_sum(dense_values, axis=0)))
-            summed = tf.concat(pieces, axis=0)
+        positions = update.carry[0] if update is not None else tf.zeros([0], tf.int32)
+        scales = self.state.read()["scales"] if "scales" in self.state else None
+        summed, decoded = self.sum_path.decode(exchanged, positions, num_ranks, scales)  # type: ignore[union-attr]
         averaged = summed / tf.cast(num_ranks, tf.float32)
-        return self.unflatten(averaged), any_nonfinite
+        if update is not None:
+            decided = {} if decoded.scales is None else {"scales": decoded.scales}
+            if "score" in self.state:
+                sent_mask = tf.scatter_nd(
+                    positions[:, tf.newaxis],
+                    tf.ones_like(positions, tf.bool),
+                    [self.sparse_elements],
+                )
+                decided["score"] = self.sparsifier.update_score(
+                    self.state.named(update)["score"], averaged[: self.sparse_elements], sent_mask
+                )
+            update = self.state.replace(update, **decided)
+        return self.unflatten(averaged), decoded.any_nonfinite, update
+
+    @_plain_python
+    def decompress(
+        self, exchanged: tf.Tensor, lengths: tf.Tensor | None, num_ranks: int | tf.Tensor
+    ) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """The averaged gradients and the NaN/Inf flag, without the state update."""
+        averaged, any_nonfinite, _ = self.decompress_update(exchanged, lengths, num_ranks, None)
+        return averaged, any_nonfinite
 
     @_plain_python
     def unflatten(self, flat: tf.Tensor) -> list[tf.Tensor]:
@@ -437,25 +415,13 @@ class GradientCompressor:
 
         The layout puts pruned tensors first; residuals and momenta are stored in it.
         """
-        pieces = (
-            tf.split(flat, [info.size for info in self._layout_order]) if self._layout_order else []
-        )
-        by_index = {
-            info.index: piece for info, piece in zip(self._layout_order, pieces, strict=True)
-        }
-        return [tf.reshape(by_index[info.index], info.shape) for info in self.tensor_infos]
+        return self.layout.unflatten(flat)
 
     # ------------------------------------------------------------------------------------ state
     @_plain_python
     def apply_state(self, update: StateUpdate) -> None:
-        """Assign the state a (successful) step leaves: residuals and momenta."""
-        if len(update.values) != len(self.step_state_variables):
-            raise ValueError(
-                f"StateUpdate has {len(update.values)} values for "
-                f"{len(self.step_state_variables)} state variables"
-            )
-        for variable, value in zip(self.step_state_variables, update.values, strict=True):
-            variable.assign(value)
+        """Assign the state a (successful) step leaves: residuals, momenta, shared scales."""
+        self.state.apply(update)
 
     @_plain_python
     def wire_bytes(self, payload: tf.Tensor) -> tf.Tensor:
@@ -511,6 +477,10 @@ class GradientCompressor:
             f"quantize={self.config.quantize!r}, combine={self.combine.value}, "
             f"tensors={len(self.variables)}, elements={self.num_elements})"
         )
+
+
+def _agrees(name: str) -> bool:
+    return SPARSIFIERS.get_class(name).agreed_indices
 
 
 def compression_ratio(raw_bytes: int, payload_bytes: int) -> float:

@@ -1,27 +1,33 @@
-"""The compression settings users choose (CompressionConfig) and how a payload combines."""
+"""The compression settings users choose: one CompressionConfig, validated once, end to end.
+
+The CLI builds it (``globaldl.settings.resolve_settings``) and hands it unchanged to the codec
+(``GradientCompressor``); nothing in between copies or re-validates its fields. It imports no
+TensorFlow, so bad values stop a run before TensorFlow loads.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Any
 
 from globaldl.compression.base import check_range, check_type
 
-PRUNE_NAMES = ("none", "topk", "randomk", "threshold", "dgc")
-QUANTIZE_NAMES = ("none", "fp16", "int8", "qsgd", "terngrad", "sign")
+PRUNE_NAMES = (
+    "none",
+    "topk",
+    "randomk",
+    "threshold",
+    "dgc",
+    "shared-randomk",
+    "shared-topk",
+    "powersgd",
+)
+QUANTIZE_NAMES = ("none", "fp16", "int8", "qsgd", "terngrad", "sign", "intsum")
 
 DEFAULT_DENSE_BELOW_ELEMENTS = 1024
 """Tensors with fewer elements (biases, batch-norm scales and offsets, tiny kernels) skip
 pruning: sending them dense costs little, and pruning them hurts accuracy most (DGC does the
 same). They are still quantized."""
-
-
-class Combine(enum.Enum):
-    """How the exchange combines the payloads of all ranks."""
-
-    SUM = "sum"  # elementwise sum (allreduce)
-    GATHER = "gather"  # concatenation in rank order (allgather), decoded per rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +55,13 @@ class CompressionConfig:
         sample_ratio, min_sample_elements: threshold estimation from a random sample
             (threshold and dgc): ceil(sample_ratio * size) entries, at least
             min_sample_elements; smaller tensors use an exact threshold.
-        seed: seed of the stochastic parts (randomk, qsgd, terngrad, sampling).
+        seed: seed of the stochastic parts (randomk, qsgd, terngrad, sampling); shared-randomk
+            and shared-topk draw from it without the rank, so every rank draws alike.
+        sum_bits: intsum: bits per value on the wire (one lane of the integer sum); the
+            levels per rank shrink as ranks are added, the bytes do not.
+        explore_fraction: shared-topk: share of each tensor's k drawn at random (shared seed)
+            rather than taken from the top of the shared score.
+        powersgd_rank: powersgd: rank of the factors of each pruned tensor.
 
     """
 
@@ -66,10 +78,13 @@ class CompressionConfig:
     weight_pruning_frequency_steps: int = 100
     momentum: float = 0.9
     clip_norm: float | None = None
-    warmup_epochs: int = 4
+    warmup_epochs: int = 0
     sample_ratio: float = 0.01
     min_sample_elements: int = 16384
     seed: int = 0
+    sum_bits: int = 8
+    explore_fraction: float = 0.1
+    powersgd_rank: int = 2
 
     def __post_init__(self) -> None:
         _check_choice("prune", self.prune, PRUNE_NAMES)
@@ -109,6 +124,12 @@ class CompressionConfig:
         check_range("min_sample_elements", self.min_sample_elements, 1)
         check_type("seed", self.seed, int)
         check_range("seed", self.seed, 0, 2**31 - 1)
+        check_type("sum_bits", self.sum_bits, int)
+        check_range("sum_bits", self.sum_bits, 2, 16)
+        check_type("explore_fraction", self.explore_fraction, (int, float))
+        check_range("explore_fraction", self.explore_fraction, 0.0, 1.0)
+        check_type("powersgd_rank", self.powersgd_rank, int)
+        check_range("powersgd_rank", self.powersgd_rank, 1, 64)
 
     def get_config(self) -> dict[str, Any]:
         """All fields as a plain dict (JSON-serialisable)."""

@@ -22,6 +22,7 @@ class FP16(Quantizer):
 
     name = "fp16"
     bits_per_value = 16
+    sum_dtype = "float16"  # Horovod's own Compression.fp16: the allreduce adds float16 values
 
     def encode(self, values, scale, seed):  # noqa: D102
         half = tf.cast(tf.clip_by_value(values, -FLOAT16_MAX, FLOAT16_MAX), tf.float16)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from globaldl.compression.base import Codec, Registry, check_range, check_type
 from globaldl.compression.blocks import BlockLayout
+from globaldl.compression.summable import FloatSum, SumEncoding
 
 SCALE_BITS = 16
 """Block scales travel as bfloat16 (the top 16 bits of a float32), rounded up; see wire_scales."""
@@ -32,6 +34,11 @@ class Quantizer(Codec):
     * ``uses_scales``: True if it needs one scale per block (then derive from
       :class:`BlockScaledQuantizer`, which holds ``block_size``);
     * ``is_lossless`` / ``is_unbiased``: what its tests hold it to;
+    * ``sum_dtype``: the float dtype in which its values can be added across ranks so that
+      the sum decodes to the sum of the values (None, the default, when they can only be
+      gathered); a quantizer whose sums need more (shared scales, integer lanes) overrides
+      ``sum_encoding`` instead;
+    * ``gatherable``: False for a quantizer whose payloads can only be summed;
 
     and overrides
 
@@ -60,7 +67,21 @@ class Quantizer(Codec):
     uses_scales: ClassVar[bool] = False
     is_lossless: ClassVar[bool] = False
     is_unbiased: ClassVar[bool] = False
+    sum_dtype: ClassVar[str | None] = None
+    gatherable: ClassVar[bool] = True
     block_size: int = 1
+
+    def sum_encoding(
+        self, num_ranks: int, value_groups: np.ndarray, num_groups: int
+    ) -> SumEncoding | None:
+        """How payloads of V = len(value_groups) values add up across ``num_ranks`` ranks.
+
+        None when they cannot (the payloads are then gathered). ``value_groups`` gives the
+        scale group (tensor) of each value, for encodings with shared scales.
+        """
+        if self.sum_dtype is None:
+            return None
+        return FloatSum(self, self.sum_dtype, int(np.size(value_groups)))
 
     def encode(self, values: tf.Tensor, scale: tf.Tensor | None, seed: tf.Tensor) -> tf.Tensor:
         """Symbols for ``values``."""
@@ -152,6 +173,7 @@ class NoQuantization(Quantizer):
     bits_per_value = 32
     is_lossless = True
     is_unbiased = True
+    sum_dtype = "float32"
 
     def encode(self, values, scale, seed):  # noqa: D102
         return tf.bitcast(values, tf.int32)

@@ -33,7 +33,11 @@ class Sparsifier(Codec):
     """Chooses which entries of one flattened gradient tensor are sent.
 
     A subclass sets ``name`` and ``fixed_count`` (True when ``select`` always returns exactly
-    ``num_kept`` indices, which makes every payload the same size) and overrides
+    ``num_kept`` indices, which makes every payload the same size), declares
+    ``agreed_indices`` (True when every rank selects the same indices at a step, from
+    information all ranks share before it: the payloads can then be summed position by
+    position) and ``sends_everything`` (True only for the no-op: no entry is pruned), and
+    overrides
 
     * ``select(magnitudes, num_kept, seed) -> int32 indices``: ascending, distinct indices into
       ``magnitudes`` (a 1-D float32 tensor of |value|, holding ``EXCLUDED`` (-1) at entries
@@ -47,6 +51,12 @@ class Sparsifier(Codec):
       how the gradient, the unsent remainder and an optional momentum combine before
       selection (DGC's momentum correction and momentum factor masking). Set
       ``applies_momentum = True`` to get a momentum buffer.
+    * ``score_priority(score)`` and ``update_score(score, averaged, sent_mask)``, with
+      ``uses_shared_score = True``: selection then ranks a priority computed from a score
+      (``score_rows`` x the pruned entries) every rank holds identically, instead of its own
+      gradient; the compressor updates the score from each step's exchanged average and the
+      positions sent. ``agreed_indices`` sparsifiers get a seed without the rank in it, so
+      their random draws agree too.
 
     Example::
 
@@ -58,8 +68,13 @@ class Sparsifier(Codec):
     """
 
     fixed_count: ClassVar[bool] = True
+    agreed_indices: ClassVar[bool] = False
+    sends_everything: ClassVar[bool] = False
     applies_momentum: ClassVar[bool] = False
     uses_warmup: ClassVar[bool] = False
+    uses_shared_score: ClassVar[bool] = False
+    score_rows: ClassVar[int] = 0
+    low_rank: ClassVar[bool] = False  # sends factors, not entries (PowerSGD): two rounds
 
     def select(
         self, magnitudes: tf.Tensor, num_kept: int | tf.Tensor, seed: tf.Tensor
@@ -81,6 +96,16 @@ class Sparsifier(Codec):
         """The momentum after the entries in ``sent_mask`` were sent (default: unchanged)."""
         return momentum
 
+    def score_priority(self, score: tf.Tensor) -> tf.Tensor:
+        """What selection ranks in one tensor, from its part of the shared score."""
+        raise NotImplementedError(f"{type(self).__name__} uses no shared score")
+
+    def update_score(
+        self, score: tf.Tensor, averaged: tf.Tensor, sent_mask: tf.Tensor
+    ) -> tf.Tensor:
+        """The shared score after a step that sent ``sent_mask`` and averaged ``averaged``."""
+        raise NotImplementedError(f"{type(self).__name__} uses no shared score")
+
     @classmethod
     def from_compression_config(cls, config: object, num_ranks: int = 1) -> Sparsifier:
         """Build from a :class:`~globaldl.compression.CompressionConfig` (default: no settings)."""
@@ -95,6 +120,8 @@ class NoPruning(Sparsifier):
     """Sends every entry (except those excluded by weight pruning)."""
 
     name = "none"
+    agreed_indices = True
+    sends_everything = True
 
     def select(self, magnitudes, num_kept, seed):  # noqa: D102
         return tf.cast(tf.where(magnitudes >= 0.0)[:, 0], tf.int32)

@@ -10,7 +10,8 @@ Launch it the way Horovod Elastic runs are launched (Gloo)::
 What the run keeps, and where:
 
 - Shared state, identical on every worker: the model weights, the optimizer's slots and
-  iteration count, the weight-pruning masks, the global step, the epoch, the position in the
+  iteration count, the compressor's shared state (weight-pruning masks, the shared scales of
+  summed integer codes, shared top-k's score), the global step, the epoch, the position in the
   epoch (as the fraction of its steps done), the epoch history and the run id. After every
   membership change rank 0's committed copy is broadcast to all workers, so every worker,
   new or old, continues from the same step.
@@ -155,19 +156,16 @@ class ElasticState(_state_base()):  # type: ignore[misc]
 
     # -------------------------------------------------------------- what is state
     def _shared_variables(self, trainer: Trainer) -> list[tf.Variable]:
-        compressor = trainer.compressor
-        local = {id(variable) for variable in compressor.step_state_variables}
-        masks = [v for v in compressor.state_variables if id(v) not in local]
         return [
             *trainer.model.variables,
             *optimizer_variables(trainer.optimizer),
-            *masks,
+            *trainer.compressor.shared_state_variables,
             trainer.step,
             trainer.epoch,
         ]
 
     def _local_variables(self, trainer: Trainer) -> list[tf.Variable]:
-        return list(trainer.compressor.step_state_variables)
+        return list(trainer.compressor.local_state_variables)
 
     def _shared_objects(self) -> dict[str, Any]:
         return {

@@ -3,6 +3,12 @@
 Precedence is the one Horovod users know: a command-line flag beats the config file, which beats
 a `GLOBALDL_<NAME>` environment variable, which beats the default. Settings are parsed and
 validated here, once; nothing below the CLI reads flags or environment variables.
+
+The compression settings are one `CompressionConfig` inside `TrainSettings.compression`: its
+fields are settings like any other (flags, file keys and variables use their names), the
+config validates them itself, and the trainer hands the object unchanged to the codec.
+`momentum` and `seed` are shared: the one value goes to the optimizer and data order here and
+to the codec there (DGC's momentum correction, the codecs' random draws).
 """
 
 from __future__ import annotations
@@ -17,17 +23,20 @@ from typing import Any
 
 import yaml
 
+from globaldl.compression.config import CompressionConfig
+from globaldl.sites import SiteMapError, load_site_map
+
 ENV_PREFIX = "GLOBALDL_"
 
-# Kept in sync with globaldl.models / globaldl.pipelines / globaldl.compression by a unit test;
-# duplicated here so that `--help` and validation do not import TensorFlow.
+# Kept in sync with globaldl.models / globaldl.pipelines by a unit test; duplicated here so
+# that `--help` and validation do not import TensorFlow. (The compression names come from the
+# codec package's own config module, which imports no TensorFlow.)
 MODEL_NAMES: tuple[str, ...] = ("lenet", "resnet", "mlp", "video")
 RESNET_DEPTHS: tuple[int, ...] = (8, 14, 20, 32)
 DATASET_NAMES: tuple[str, ...] = ("mnist", "digits", "cifar-synthetic", "moving-mnist")
 OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "adam")
-PRUNE_NAMES: tuple[str, ...] = ("none", "topk", "randomk", "threshold", "dgc")
-QUANTIZE_NAMES: tuple[str, ...] = ("none", "fp16", "int8", "qsgd", "terngrad", "sign")
 BALANCE_NAMES: tuple[str, ...] = ("equal", "speed")
+HIERARCHY_NAMES: tuple[str, ...] = ("none", "sites")
 
 
 class SettingsError(ValueError):
@@ -57,15 +66,8 @@ class TrainSettings:
     resume: bool = False
     summary: Path | None = None
     run_id: str | None = None
-    # Compression (two steps: prune, then quantize).
-    prune: str = "none"
-    density: float = 0.01
-    quantize: str = "none"
-    error_feedback: bool = True
-    block_size: int = 256
-    qsgd_levels: int = 16
-    weight_sparsity: float = 0.0
-    warmup_epochs: int = 0
+    # Compression (two steps: prune, then quantize), validated by the config itself.
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
     # Monitoring.
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
@@ -73,6 +75,9 @@ class TrainSettings:
     metrics_keyfile: Path | None = None
     metrics_basic_auth_file: Path | None = None
     device: str | None = None
+    # The exchange: flat, or summed site by site (a site map names the sites' hosts).
+    hierarchy: str = "none"
+    sites_file: Path | None = None
     # Work per device: equal local batches, or in proportion to measured speed.
     balance: str = "equal"
     # Elastic membership (Horovod Elastic): commit the training state every K steps.
@@ -87,9 +92,8 @@ class TrainSettings:
         _check_choice("model", self.model, MODEL_NAMES)
         _check_choice("dataset", self.dataset, DATASET_NAMES)
         _check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
-        _check_choice("prune", self.prune, PRUNE_NAMES)
-        _check_choice("quantize", self.quantize, QUANTIZE_NAMES)
         _check_choice("balance", self.balance, BALANCE_NAMES)
+        _check_choice("hierarchy", self.hierarchy, HIERARCHY_NAMES)
         if self.model == "resnet":
             _check_choice("depth", self.depth, RESNET_DEPTHS)
         _check_at_least("layers", self.layers, 1)
@@ -98,18 +102,18 @@ class TrainSettings:
         _check_at_least("batch_size", self.batch_size, 1)
         if self.max_steps_per_epoch is not None:
             _check_at_least("max_steps_per_epoch", self.max_steps_per_epoch, 1)
-        _check_at_least("block_size", self.block_size, 1)
-        _check_at_least("qsgd_levels", self.qsgd_levels, 1)
-        _check_at_least("warmup_epochs", self.warmup_epochs, 0)
         _check_positive_finite("learning_rate", self.learning_rate)
         if not 0.0 <= self.momentum < 1.0:
             raise SettingsError(f"momentum {self.momentum!r} is not allowed; use 0 <= momentum < 1")
-        if not 0.0 < self.density <= 1.0:
-            raise SettingsError(f"density {self.density!r} is not allowed; use 0 < density <= 1")
-        if not 0.0 <= self.weight_sparsity < 1.0:
-            raise SettingsError(
-                f"weight_sparsity {self.weight_sparsity!r} is not allowed; use 0 <= sparsity < 1"
-            )
+        if not isinstance(self.compression, CompressionConfig):
+            raise SettingsError(f"compression {self.compression!r} is not a CompressionConfig")
+        for name in SHARED_FIELDS:
+            if getattr(self, name) != getattr(self.compression, name):
+                raise SettingsError(
+                    f"{name} {getattr(self, name)!r} differs from the compression config's "
+                    f"{getattr(self.compression, name)!r}; one value serves both "
+                    "(resolve_settings passes it to each)"
+                )
         if not (math.isfinite(self.input_delay_ms) and self.input_delay_ms >= 0):
             raise SettingsError(
                 f"input_delay_ms {self.input_delay_ms!r} is not allowed; use a number >= 0"
@@ -139,11 +143,27 @@ class TrainSettings:
                 "elastic and resume cannot be combined: an elastic run keeps its state in the "
                 "surviving workers' memory; resume restarts a stopped run from checkpoint_dir"
             )
-        if self.prune == "dgc" and self.optimizer != "sgd":
+        if self.compression.prune == "dgc" and self.optimizer != "sgd":
             raise SettingsError(
                 f"prune 'dgc' needs optimizer 'sgd', not {self.optimizer!r}: DGC applies momentum "
                 "correction itself and feeds plain SGD"
             )
+        if self.hierarchy == "sites":
+            if self.sites_file is None:
+                raise SettingsError(
+                    "hierarchy 'sites' needs sites_file (--sites-file or GLOBALDL_SITES_FILE): "
+                    "a YAML map `sites: {SITE: [HOST, ...]}`"
+                )
+            if self.elastic:
+                raise SettingsError(
+                    "hierarchy 'sites' and elastic cannot be combined yet: the site process "
+                    "sets are built once, for a fixed set of devices"
+                )
+        if self.sites_file is not None:
+            try:
+                load_site_map(self.sites_file)  # a bad map fails now, not on every device
+            except SiteMapError as error:
+                raise SettingsError(str(error)) from None
         if self.resume and self.checkpoint_dir is None:
             raise SettingsError("resume needs checkpoint_dir: there is nowhere to resume from")
 
@@ -174,23 +194,17 @@ class TrainSettings:
         """Return a copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def compression_settings(self) -> dict[str, Any]:
-        """The compression part, as it is written into the run summary."""
-        return {
-            "prune": self.prune,
-            "density": self.density,
-            "quantize": self.quantize,
-            "error_feedback": self.error_feedback,
-            "block_size": self.block_size,
-            "qsgd_levels": self.qsgd_levels,
-            "weight_sparsity": self.weight_sparsity,
-            "warmup_epochs": self.warmup_epochs,
-        }
 
-
-FIELDS: dict[str, dataclasses.Field[Any]] = {
-    f.name: f for f in dataclasses.fields(TrainSettings) if f.name != "extra"
+COMPRESSION_FIELDS: dict[str, dataclasses.Field[Any]] = {
+    f.name: f for f in dataclasses.fields(CompressionConfig)
 }
+TRAIN_FIELDS: dict[str, dataclasses.Field[Any]] = {
+    f.name: f for f in dataclasses.fields(TrainSettings) if f.name not in ("extra", "compression")
+}
+SHARED_FIELDS: tuple[str, ...] = tuple(name for name in TRAIN_FIELDS if name in COMPRESSION_FIELDS)
+"""Settings both objects hold (momentum, seed): one value, given to both."""
+FIELDS: dict[str, dataclasses.Field[Any]] = {**COMPRESSION_FIELDS, **TRAIN_FIELDS}
+"""Every setting a flag, a config file key or a GLOBALDL_* variable may name."""
 
 
 def resolve_settings(
@@ -212,7 +226,16 @@ def resolve_settings(
             raise SettingsError(f"unknown setting {name!r}; valid settings: {', '.join(FIELDS)}")
         if value is not None:
             merged[name] = value
-    return TrainSettings(**merged)
+    compression_values = {name: merged[name] for name in COMPRESSION_FIELDS if name in merged}
+    for name in SHARED_FIELDS:
+        compression_values.setdefault(name, TRAIN_FIELDS[name].default)
+    try:
+        compression = CompressionConfig(**compression_values)
+    except ValueError as error:
+        # The config's own message, unchanged: it is the one validation of these values.
+        raise SettingsError(str(error)) from None
+    train_values = {name: value for name, value in merged.items() if name in TRAIN_FIELDS}
+    return TrainSettings(**train_values, compression=compression)
 
 
 def load_config_file(path: Path) -> dict[str, Any]:

@@ -103,13 +103,23 @@ def build_train_step(parts: StepParts, phase_timing: bool = True) -> Callable[[A
         payload, update = compressor.compress(gradients, step.read_value())
         (payload, update), compressed = boundary((payload, update))
 
-        sent = exchange.exchange_payload(payload, compressor)
-        (received, lengths, wire_bytes), exchanged = boundary(
-            (sent.payload, sent.lengths, sent.wire_bytes)
+        spec = compressor.wire_spec
+        sent = exchange.exchange_payload(payload, spec)
+        wire_bytes = sent.wire_bytes
+        # A codec of several rounds (PowerSGD) computes each round's payload from the last
+        # round's result; that work is part of the exchange phase.
+        for round_index in range(1, spec.rounds):
+            payload, update = compressor.next_round(round_index, sent.payload, num_ranks, update)
+            sent = exchange.exchange_payload(payload, spec, round_index)
+            wire_bytes += sent.wire_bytes
+        (received, lengths, wire_bytes, update), exchanged = boundary(
+            (sent.payload, sent.lengths, wire_bytes, update)
         )
 
-        averaged, nonfinite = compressor.decompress(received, lengths, num_ranks)
-        (averaged, nonfinite), decompressed = boundary((averaged, nonfinite))
+        averaged, nonfinite, update = compressor.decompress_update(
+            received, lengths, num_ranks, update
+        )
+        (averaged, nonfinite, update), decompressed = boundary((averaged, nonfinite, update))
 
         def apply() -> tf.Tensor:
             optimizer.apply_gradients(zip(averaged, variables, strict=True))

@@ -41,6 +41,32 @@ def compression_ratio(raw_bytes: int, wire_bytes: int) -> float | None:
     return raw_bytes / wire_bytes if wire_bytes > 0 else None
 
 
+def traffic(
+    *,
+    device_tx_bytes_per_step_model: float,
+    dense_device_tx_bytes_per_step_model: float,
+    payload_bytes_per_step: float,
+    collectives_outside_steps: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The summary's `traffic` object: what one device sends per step, against dense Horovod.
+
+    `device_tx_bytes_per_step_model` is what the step's collectives make the busiest device send
+    for `payload_bytes_per_step` (ring allreduce 2(N-1)/N, ring allgather N-1, a site leader's
+    share under a hierarchy: `globaldl.exchange.device_tx_bytes_per_step_model`); the dense
+    figure is a fp32 ring allreduce of the same gradients on the same ranks. Their ratio is the
+    per-device traffic ratio, which `compression_ratio` (payload bytes only) is not once N > 2.
+    """
+    model = device_tx_bytes_per_step_model
+    dense = dense_device_tx_bytes_per_step_model
+    return {
+        "device_tx_bytes_per_step_model": model,
+        "dense_device_tx_bytes_per_step_model": dense,
+        "traffic_ratio_vs_dense": dense / model if model > 0 else None,
+        "tx_bytes_per_wire_byte": model / payload_bytes_per_step if payload_bytes_per_step else 0.0,
+        "collectives_outside_steps": collectives_outside_steps,
+    }
+
+
 def check_writable(path: Path) -> None:
     """Fail before training if the summary's directory cannot take the file."""
     directory = Path(path).resolve().parent

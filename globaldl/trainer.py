@@ -24,13 +24,20 @@ import tf_keras as keras
 import globaldl
 from globaldl import checkpoint, summary
 from globaldl.balance import gradient_weight, split_batch
-from globaldl.compression import CompressionConfig, GradientCompressor
-from globaldl.exchange import Exchange
+from globaldl.compression import GradientCompressor
+from globaldl.exchange import (
+    Exchange,
+    check_wire_spec,
+    collectives_per_step,
+    dense_device_tx_bytes_per_step_model,
+    device_tx_bytes_per_step_model,
+)
 from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.pipelines import InputPipeline, make_pipeline
 from globaldl.progress import EpochProgress, NoProgress
 from globaldl.settings import TrainSettings
+from globaldl.sites import load_site_map, own_names
 from globaldl.step import CORRECT, LOSS, SKIPPED, WIRE_BYTES, StepParts, build_train_step
 
 log = logging.getLogger(__name__)
@@ -113,7 +120,7 @@ class Trainer:
     ) -> None:
         self.settings = settings
         self.phase_timing = phase_timing
-        self.exchange = exchange or Exchange()
+        self.exchange = exchange or Exchange(dynamic_process_sets=settings.hierarchy == "sites")
         _configure_threads(self.exchange.local_size)
         self.rank, self.size = self.exchange.rank, self.exchange.size
         self.device = settings.device or socket.gethostname()
@@ -143,33 +150,37 @@ class Trainer:
         if settings.max_steps_per_epoch is not None:
             self.steps_per_epoch = min(self.steps_per_epoch, settings.max_steps_per_epoch)
         self.compressor = GradientCompressor(
-            CompressionConfig(
-                prune=settings.prune,
-                density=settings.density,
-                quantize=settings.quantize,
-                error_feedback=settings.error_feedback,
-                block_size=settings.block_size,
-                qsgd_levels=settings.qsgd_levels,
-                weight_sparsity=settings.weight_sparsity,
-                momentum=settings.momentum,
-                warmup_epochs=settings.warmup_epochs,
-                seed=settings.seed + self.rank,
-            ),
+            settings.compression,
             self.variables,
             steps_per_epoch=self.steps_per_epoch,
             rank=self.rank,
             num_ranks=self.size,
         )
+        self.wire_spec = check_wire_spec(self.compressor.wire_spec, settings.hierarchy)
+        if settings.hierarchy == "sites" and self.exchange.hierarchy is None:
+            assert settings.sites_file is not None
+            site = load_site_map(settings.sites_file).site_of(own_names())
+            self.exchange.use_sites(site)
         self.learning_rate = settings.learning_rate * (self.size if settings.scale_lr else 1)
         self.optimizer = _make_optimizer(settings, self.learning_rate, self.compressor)
         self.optimizer.build(self.variables)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.shared_state = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, step=self.step, epoch=self.epoch
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.step,
+            epoch=self.epoch,
+            **{
+                f"compressor_{index}": v
+                for index, v in enumerate(self.compressor.shared_state_variables)
+            },
         )
         self.local_state = tf.train.Checkpoint(
-            **{f"compressor_{index}": v for index, v in enumerate(self.compressor.state_variables)}
+            **{
+                f"compressor_{index}": v
+                for index, v in enumerate(self.compressor.local_state_variables)
+            }
         )
         self._train_step = self._build_train_step()
 
@@ -272,6 +283,7 @@ class Trainer:
         shared = [
             *self.model.variables,
             *optimizer_variables(self.optimizer),
+            *self.compressor.shared_state_variables,
             self.step,
             self.epoch,
         ]
@@ -304,7 +316,7 @@ class Trainer:
         assert directory is not None
         self.epoch.assign(epoch)
         metadata = {"step": int(self.step.numpy()), "ranks": self.size}
-        if self.compressor.state_variables:
+        if self.compressor.local_state_variables:
             checkpoint.save(
                 checkpoint.rank_dir(directory, self.rank), epoch, self.local_state, metadata
             )
@@ -451,6 +463,29 @@ class Trainer:
             flush=True,
         )
 
+    def _exchange_summary(self) -> dict[str, Any]:
+        """Which collective ran, read from the compressor's wire declaration."""
+        return {
+            "combine": self.wire_spec.combine.value,
+            "collectives_per_step": collectives_per_step(self.wire_spec, self.exchange.hierarchy),
+            "hierarchy": self.settings.hierarchy,
+            "horovod_started_unix_seconds": self.exchange.started_unix_seconds,
+        }
+
+    def _traffic_summary(self, totals: RunTotals) -> dict[str, Any]:
+        """Per-device bytes per step by the collectives' algorithms, against dense fp32."""
+        payload_bytes = totals.gradient_bytes_wire / max(totals.steps, 1)
+        modelled = device_tx_bytes_per_step_model(
+            self.wire_spec, self.size, payload_bytes, self.exchange.hierarchy
+        )
+        dense = dense_device_tx_bytes_per_step_model(self.compressor.raw_bytes_per_step, self.size)
+        return summary.traffic(
+            device_tx_bytes_per_step_model=modelled,
+            dense_device_tx_bytes_per_step_model=dense,
+            payload_bytes_per_step=payload_bytes,
+            collectives_outside_steps=[call.to_dict() for call in self.exchange.ledger.calls()],
+        )
+
     def finish(
         self,
         last: EpochResult,
@@ -494,7 +529,9 @@ class Trainer:
             "compression_ratio": summary.compression_ratio(
                 totals.gradient_bytes_raw, totals.gradient_bytes_wire
             ),
-            "compression": settings.compression_settings(),
+            "compression": settings.compression.get_config(),
+            "exchange": self._exchange_summary(),
+            "traffic": self._traffic_summary(totals),
             "resumed_from_epoch": first_epoch if settings.resume else None,
             "devices": devices,
             "weight_digests": digests,

@@ -5,12 +5,14 @@ from pathlib import Path
 import pytest
 
 from globaldl import settings as settings_module
+from globaldl.compression import CompressionConfig
 from globaldl.settings import SettingsError, TrainSettings, resolve_settings
 
 
 def test_defaults_are_the_embedded_demo() -> None:
     settings = resolve_settings({}, None, environ={})
-    assert (settings.model, settings.dataset, settings.prune, settings.quantize) == (
+    compression = settings.compression
+    assert (settings.model, settings.dataset, compression.prune, compression.quantize) == (
         "lenet",
         "mnist",
         "none",
@@ -40,7 +42,7 @@ def test_environment_booleans_and_paths_are_coerced(tmp_path: Path) -> None:
         None,
         environ={"GLOBALDL_ERROR_FEEDBACK": "no", "GLOBALDL_SUMMARY": str(tmp_path / "s.json")},
     )
-    assert settings.error_feedback is False
+    assert settings.compression.error_feedback is False
     assert settings.summary == tmp_path / "s.json"
 
 
@@ -51,9 +53,6 @@ def test_environment_booleans_and_paths_are_coerced(tmp_path: Path) -> None:
         ({"dataset": "imagenet"}, "dataset 'imagenet' is not one of: mnist, digits"),
         ({"model": "resnet", "depth": 18}, "depth 18 is not one of: 8, 14, 20, 32"),
         ({"batch_size": 0}, "batch_size 0 is not allowed"),
-        ({"density": 0.0}, "density 0.0 is not allowed; use 0 < density <= 1"),
-        ({"prune": "magic"}, "prune 'magic' is not one of: none, topk, randomk, threshold, dgc"),
-        ({"quantize": "int4"}, "quantize 'int4' is not one of: none, fp16, int8"),
         ({"learning_rate": -1.0}, "learning_rate -1.0 is not allowed"),
         ({"metrics_port": 70000}, "metrics_port 70000 is not allowed"),
         ({"resume": True}, "resume needs checkpoint_dir"),
@@ -67,6 +66,40 @@ def test_environment_booleans_and_paths_are_coerced(tmp_path: Path) -> None:
 def test_bad_values_name_the_value_and_the_choices(changes: dict, message: str) -> None:
     with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
         TrainSettings(**changes)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"density": 0.0}, r"density=0.0 is out of range; allowed: (0.0, 1.0]"),
+        ({"prune": "magic"}, "prune='magic' is not valid; allowed: ['none', 'topk', 'randomk'"),
+        ({"quantize": "int4"}, "quantize='int4' is not valid; allowed: ['none', 'fp16', 'int8'"),
+    ],
+)
+def test_compression_values_are_validated_once_by_the_config_in_its_words(
+    flags: dict, message: str
+) -> None:
+    with pytest.raises(SettingsError) as raised:
+        resolve_settings(flags, None, environ={})
+    assert message in str(raised.value)
+    try:
+        CompressionConfig(**flags)
+    except ValueError as error:
+        assert str(error) == str(raised.value)  # the same words: no second validation
+
+
+def test_the_compression_config_is_built_once_and_shares_momentum_and_seed(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("prune: topk\ndensity: 0.05\n")
+    settings = resolve_settings(
+        {"quantize": "int8", "momentum": 0.5}, config, environ={"GLOBALDL_SEED": "4"}
+    )
+    assert settings.compression == CompressionConfig(
+        prune="topk", density=0.05, quantize="int8", momentum=0.5, seed=4
+    )
+    assert (settings.momentum, settings.seed) == (0.5, 4)
+    with pytest.raises(SettingsError, match="momentum 0.5 differs from the compression config's"):
+        TrainSettings(momentum=0.5)
 
 
 def test_unknown_key_in_config_file_is_named(tmp_path: Path) -> None:
@@ -89,13 +122,11 @@ def test_config_file_that_is_not_a_mapping_is_rejected(tmp_path: Path) -> None:
 
 
 def test_name_lists_match_the_packages_they_mirror() -> None:
-    from globaldl import compression, models, pipelines
+    from globaldl import models, pipelines
 
     assert settings_module.MODEL_NAMES == models.MODEL_NAMES
     assert settings_module.RESNET_DEPTHS == models.RESNET_DEPTHS
     assert settings_module.DATASET_NAMES == pipelines.DATASET_NAMES
-    assert settings_module.PRUNE_NAMES == compression.PRUNE_NAMES
-    assert settings_module.QUANTIZE_NAMES == compression.QUANTIZE_NAMES
 
 
 def test_metrics_basic_auth_comes_from_a_file_and_bad_files_are_named(tmp_path: Path) -> None:

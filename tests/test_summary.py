@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 from globaldl import summary
+from globaldl.compression.wire_spec import Combine, WireSpec
+from globaldl.exchange import dense_device_tx_bytes_per_step_model, device_tx_bytes_per_step_model
 from globaldl.summary import SummaryError
 
 GOOD = {
@@ -91,3 +93,47 @@ def test_unwritable_summary_paths_are_refused_before_training(tmp_path: Path) ->
     # /proc takes no new files, not even from root: a directory that exists but refuses writes.
     with pytest.raises(SummaryError, match="not writable"):
         summary.check_writable(Path("/proc/s.json"))
+
+
+def _gathered_traffic(ranks: int, raw: int, wire: int, steps: int) -> dict:
+    """The traffic object the trainer writes for a fixed-length gathered codec."""
+    spec = WireSpec(Combine.GATHER, "uint8", (wire // steps,))
+    return summary.traffic(
+        device_tx_bytes_per_step_model=device_tx_bytes_per_step_model(spec, ranks, wire / steps),
+        dense_device_tx_bytes_per_step_model=dense_device_tx_bytes_per_step_model(
+            raw // steps, ranks
+        ),
+        payload_bytes_per_step=wire / steps,
+        collectives_outside_steps=[],
+    )
+
+
+def test_traffic_ratio_is_the_payload_ratio_only_on_two_ranks() -> None:
+    # LeNet top-k 1% + int8: 246,824 dense bytes, 2,502 on the wire per step.
+    raw, wire, steps = 246_824 * 10, 2_502 * 10, 10
+    payload_ratio = summary.compression_ratio(raw, wire)
+    two = _gathered_traffic(ranks=2, raw=raw, wire=wire, steps=steps)
+    assert two["traffic_ratio_vs_dense"] == pytest.approx(payload_ratio)
+    four = _gathered_traffic(ranks=4, raw=raw, wire=wire, steps=steps)
+    # Each rank's payload reaches 3 peers; dense fp32 would go through a ring allreduce (1.5x).
+    assert four["device_tx_bytes_per_step_model"] == pytest.approx(3 * 2_502)
+    assert four["dense_device_tx_bytes_per_step_model"] == pytest.approx(1.5 * 246_824)
+    assert four["traffic_ratio_vs_dense"] == pytest.approx(payload_ratio / 2)
+    assert four["tx_bytes_per_wire_byte"] == 3
+    summary.validate({**GOOD, "traffic": four})
+
+
+def test_one_rank_sends_nothing_and_has_no_traffic_ratio() -> None:
+    one = _gathered_traffic(ranks=1, raw=100, wire=100, steps=5)
+    assert one["device_tx_bytes_per_step_model"] == 0
+    assert one["traffic_ratio_vs_dense"] is None
+    summary.validate({**GOOD, "traffic": one})
+
+
+def test_an_unknown_combine_in_the_exchange_object_is_named() -> None:
+    broken = {
+        **GOOD,
+        "exchange": {"combine": "mean", "collectives_per_step": 1, "hierarchy": "none"},
+    }
+    with pytest.raises(SummaryError, match="exchange/combine"):
+        summary.validate(broken)

@@ -146,3 +146,96 @@ def links(
             columns=COLUMNS,
         )
         typer.echo(md_path.read_text())
+
+
+def _numbers(option: str, text: str) -> list[float]:
+    """`1,5,20` -> [1.0, 5.0, 20.0]; ValueError naming the option otherwise."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{option} {text!r} must be numbers separated by commas") from None
+    if not values or not all(value > 0 for value in values):
+        raise ValueError(f"{option} {text!r} must list numbers > 0")
+    return values
+
+
+@app.command()
+def coordination(
+    devices: Annotated[
+        str, typer.Option(help="Device counts, comma-separated (a fleet each).")
+    ] = "2,4,8",
+    cycle_times_ms: Annotated[
+        str, typer.Option(help="HOROVOD_CYCLE_TIME values in ms, comma-separated.")
+    ] = "1,5,20,50",
+    cpu: Annotated[float, typer.Option(help="CPU cores per device.")] = 0.25,
+    repeats: Annotated[int, typer.Option(help="Repeats per point (median, min-max).")] = 3,
+    idle_seconds: Annotated[float, typer.Option(help="Idle window per measurement, s.")] = 8.0,
+    out: Annotated[Path, typer.Option(help="Results folder.")] = DEFAULT_OUT,
+) -> None:
+    """Horovod's idle coordination per device: bytes per second and per cycle, on the fleet.
+
+    Also the byte accounting's calibration (launch and init bytes per device), committed as
+    coordination.json, where `fleet run` finds it. Needs root; about 25 s per measurement.
+    """
+    with user_errors():
+        from globaldl.bench import coordination as bench
+        from globaldl.bench.results import write_results
+
+        counts = [int(value) for value in _numbers("--devices", devices)]
+        cycles = _numbers("--cycle-times-ms", cycle_times_ms)
+        measured = bench.run_coordination_bench(
+            device_counts=counts,
+            cycle_times_ms=cycles,
+            cpu_cores_per_device=cpu,
+            repeats=repeats,
+            idle_seconds=idle_seconds,
+            progress=typer.echo,
+        )
+        rows = [bench.summarise(measured[key]) for key in sorted(measured)]
+        check = bench.coordination_rule_check(rows)
+        plot_path = bench.plot(rows, out / "coordination.png")
+        command = (
+            f"globaldl bench coordination --devices {devices} --cycle-times-ms {cycle_times_ms} "
+            f"--cpu {cpu:g} --repeats {repeats} --idle-seconds {idle_seconds:g}"
+        )
+        notes = [
+            f"Each device on an unshaped link (`{bench.PROFILE}`), {cpu:g} cores, Horovod's core "
+            f"started by the probe and left idle for {idle_seconds:g} s; rank 0's timeline counts "
+            "the cycles. Bytes per second are frames on each device's uplink (headers "
+            "included), the mean over devices; bytes per cycle divide by the cycles counted; "
+            "`cycles_on_time_share` below 1 means the loop ran late (a busy CPU). Medians of "
+            f"{repeats} interleaved repeats, min-max beside them; `load_average_1min_max` is the "
+            "machine's highest 1-minute load average during a point's repeats.",
+            "",
+            f"Target: {check['goal']}: **{check['status']}** ({check['measured']}).",
+            "",
+            f"![coordination]({plot_path.name})",
+        ]
+        _, md_path = write_results(
+            out,
+            "coordination",
+            "Horovod's idle coordination per device",
+            rows,
+            notes="\n".join(notes),
+            command=command,
+            columns=[
+                "devices",
+                "horovod_cycle_time_ms",
+                "tx_bytes_per_second_per_device",
+                "tx_bytes_per_second_per_device_min",
+                "tx_bytes_per_second_per_device_max",
+                "max_tx_bytes_per_cycle",
+                "payload_bytes_per_cycle_per_device",
+                "cycles_on_time_share",
+                "launch_payload_bytes",
+                "load_average_1min_max",
+            ],
+            extra={
+                "target": check,
+                "calibrations": [
+                    bench.median_calibration(measured[key]).to_dict() for key in sorted(measured)
+                ],
+                "measurements": [m.to_dict() for key in sorted(measured) for m in measured[key]],
+            },
+        )
+        typer.echo(md_path.read_text())

@@ -10,13 +10,13 @@ from typer.core import TyperCommand
 
 from globaldl.cli.errors import user_errors
 from globaldl.cli.quiet import quiet_native_start
+from globaldl.compression.config import PRUNE_NAMES, QUANTIZE_NAMES
 from globaldl.settings import (
     BALANCE_NAMES,
     DATASET_NAMES,
+    HIERARCHY_NAMES,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
-    PRUNE_NAMES,
-    QUANTIZE_NAMES,
     RESNET_DEPTHS,
     resolve_settings,
 )
@@ -135,6 +135,24 @@ def train(
     qsgd_levels: Annotated[
         int | None, typer.Option(help="QSGD quantization levels (default: 16).")
     ] = None,
+    sum_bits: Annotated[
+        int | None,
+        typer.Option(
+            help="intsum: bits per value on the wire, whatever the number of ranks; 8 sums "
+            "up to 127 ranks, 12 up to 2047, 16 up to 32767 (default: 8)."
+        ),
+    ] = None,
+    explore_fraction: Annotated[
+        float | None,
+        typer.Option(
+            help="shared-topk: share of k drawn at random instead of from the shared score "
+            "(default: 0.1)."
+        ),
+    ] = None,
+    powersgd_rank: Annotated[
+        int | None,
+        typer.Option(help="powersgd: rank of each gradient matrix's factors (default: 2)."),
+    ] = None,
     weight_sparsity: Annotated[
         float | None, typer.Option(help="Final fraction of weights pruned to zero (default: 0).")
     ] = None,
@@ -162,6 +180,18 @@ def train(
     ] = None,
     device: Annotated[
         str | None, typer.Option(help="Device name in metrics (default: host name).")
+    ] = None,
+    hierarchy: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Exchange: {_choices(HIERARCHY_NAMES)}; sites = sum in each site, then "
+            "across sites between one leader per site, then back (needs a codec whose "
+            "payloads sum) (default: none)."
+        ),
+    ] = None,
+    sites_file: Annotated[
+        Path | None,
+        typer.Option(help="Site map for --hierarchy sites: YAML `sites: {SITE: [HOST, ...]}`."),
     ] = None,
     balance: Annotated[
         str | None,

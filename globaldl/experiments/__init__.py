@@ -20,6 +20,7 @@ from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
 from globaldl.experiments.scale import ScaleExperiment
+from globaldl.experiments.scaling import ScalingExperiment
 from globaldl.experiments.sites import SitesExperiment
 from globaldl.experiments.spec import FleetConfig, RunSpec, Workload
 
@@ -33,6 +34,7 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "latency": LatencyExperiment,
     "scale": ScaleExperiment,
     "sites": SitesExperiment,
+    "scaling": ScalingExperiment,
 }
 
 
@@ -65,6 +67,7 @@ __all__ = [
     "RunResult",
     "RunSpec",
     "ScaleExperiment",
+    "ScalingExperiment",
     "Schedule",
     "SitesExperiment",
     "TargetCheck",

@@ -146,8 +146,9 @@ class AblationExperiment(Experiment):
         "mean_step_seconds",
         "exchange_share",
         "wire_bytes_per_step",
-        "device_tx_bytes_per_step",
         "compression_ratio",
+        "device_tx_bytes_per_step",
+        "traffic_ratio_vs_dense_measured",
         "status",
     )
 
@@ -406,10 +407,8 @@ class AblationExperiment(Experiment):
             "on both links (the shaped link's automatic choice), except the variants marked "
             f"`cycle N ms` (Horovod's default is {HOROVOD_DEFAULT_CYCLE_TIME_MS:g} ms). "
             f"Variants: {presets}. `fp16` is the "
-            "equivalent of Horovod's only built-in compression. `wire_bytes_per_step` is what "
-            "one rank handed to Horovod per step; `device_tx_bytes_per_step` is what a "
-            "device's interface sent per step over the whole run (coordination, broadcast and "
-            "logs included). Target accuracy "
+            "equivalent of Horovod's only built-in compression. The byte columns are defined "
+            "under the links below. Target accuracy "
             f"{self.workload.target_accuracy:g}; the goal that time to accuracy falls from 1 to "
             "8 devices with compression on is checked by the `devices` experiment."
         )

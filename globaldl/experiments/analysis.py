@@ -72,12 +72,43 @@ def device_tx_bytes_per_step(
 ) -> float | None:
     """Bytes a device's interface sent per step, from the fleet's byte accounting.
 
-    Everything counts: gradients, coordination, the broadcast and logs, over the whole run.
+    Everything counts: gradients, coordination, the broadcast, headers and logs, over the whole
+    run; the mean over devices. This is the per-device traffic that `compression_ratio` (a
+    payload ratio) does not measure.
     """
     steps = int(summary.get("steps", 0))
     if accounting is None or steps <= 0:
         return None
     return float(accounting["mean_tx_bytes"]) / steps
+
+
+def add_traffic_ratios(rows: Sequence[dict[str, Any]]) -> None:
+    """Give each row `traffic_ratio_vs_dense_measured`: dense bytes per step / its own.
+
+    Both are what a device's interface sent per step (`device_tx_bytes_per_step`, everything
+    included). The dense baseline is the run with compression `none` on the same fleet (devices,
+    profile, cycle time) and workload; rows without one get None.
+    """
+
+    def group(row: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(
+            row.get(key) for key in ("model", "devices", "profile", "horovod_cycle_time_ms")
+        )
+
+    baselines: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("compression") == "none":
+            baselines.setdefault(group(row), []).append(row)
+    for row in rows:
+        candidates = baselines.get(group(row), [])
+        dense = candidates[0].get("device_tx_bytes_per_step") if len(candidates) == 1 else None
+        row["traffic_ratio_vs_dense_measured"] = ratio(
+            _number(dense), _number(row.get("device_tx_bytes_per_step"))
+        )
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -10,6 +10,7 @@ from globaldl.fleet.cycle_time import (
     MAX_COORDINATION_SHARE,
     auto_cycle_time_ms,
     coordination_bytes_per_second,
+    measured_coordination_text,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "MAX_COORDINATION_SHARE",
     "auto_cycle_time_ms",
     "coordination_bytes_per_second",
+    "measured_coordination_text",
 ]

@@ -95,6 +95,9 @@ class DevicesExperiment(Experiment):
         "seconds_to_target",
         "mean_step_seconds",
         "wire_bytes_per_step",
+        "compression_ratio",
+        "device_tx_bytes_per_step",
+        "traffic_ratio_vs_dense_measured",
         "status",
     )
 

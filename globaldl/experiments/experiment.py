@@ -17,6 +17,7 @@ from typing import Any
 from globaldl.experiments.aggregate import aggregate_rows, presented
 from globaldl.experiments.analysis import (
     TargetCheck,
+    add_traffic_ratios,
     device_tx_bytes_per_step,
     mean_step_seconds,
     training_seconds,
@@ -130,6 +131,7 @@ def run_row(result: RunResult) -> dict[str, Any]:
         }
     )
     if summary is not None:
+        traffic = summary.get("traffic") or {}
         row.update(
             {
                 "ranks": summary["ranks"],
@@ -142,11 +144,16 @@ def run_row(result: RunResult) -> dict[str, Any]:
                 "mean_step_seconds": mean_step_seconds(summary),
                 "wire_bytes_per_step": wire_bytes_per_step(summary),
                 "device_tx_bytes_per_step": device_tx_bytes_per_step(result.accounting, summary),
+                "device_tx_bytes_per_step_model": traffic.get("device_tx_bytes_per_step_model"),
                 "compression_ratio": summary.get("compression_ratio"),
+                "traffic_ratio_vs_dense_model": traffic.get("traffic_ratio_vs_dense"),
             }
         )
     if result.accounting is not None:
-        row["coordination_tx_bytes_per_second"] = result.accounting.get("extra_tx_bytes_per_second")
+        # Older accountings applied the ring-allreduce factor to every run: not shown.
+        row["coordination_payload_bytes_per_second"] = result.accounting.get(
+            "coordination_payload_bytes_per_second"
+        )
     row["run_seconds"] = result.run_seconds
     row.update(load_columns(result))
     row["train_command"] = portable(result.train_command)
@@ -242,6 +249,8 @@ def write_outputs(
     out_dir = Path(out_dir)
     run_rows = experiment.rows(results)
     rows = experiment.aggregate(run_rows)
+    # Ratios of medians: the dense run's device bytes per step over each run's, same fleet.
+    add_traffic_ratios(rows)
     checks = experiment.targets(rows, results) if results else []
     plot_paths = experiment.plots(rows, results, out_dir) if rows else []
     csv_path = write_csv(out_dir / f"{experiment.name}.csv", rows)

@@ -12,6 +12,7 @@ from globaldl.experiments.cycle_time import (
     CYCLE_TIME_LADDER_MS,
     HOROVOD_DEFAULT_CYCLE_TIME_MS,
     MAX_COORDINATION_SHARE,
+    measured_coordination_text,
 )
 from globaldl.experiments.results import RunResult
 
@@ -77,16 +78,25 @@ def link_notes(results: Sequence[RunResult]) -> str:
     return (
         f"{latency}\n\n"
         f"HOROVOD_CYCLE_TIME used: {cycle_text} (column `horovod_cycle_time_ms`). Horovod's "
-        f"default is {HOROVOD_DEFAULT_CYCLE_TIME_MS:g} ms, and its coordination sends about "
-        f"{COORDINATION_BYTES_PER_CYCLE} bytes per device per cycle even when idle (measured on "
-        "this fleet: 185 kB/s at 1 ms, 40 kB/s at 10 ms, 19 kB/s at 20 ms, 8 kB/s at 50 ms), "
-        "more than a slow-4G uplink at 1 ms; a longer cycle delays every collective instead. "
-        "Unless a run says otherwise, the cycle time is chosen per link: the shortest of "
-        f"{', '.join(f'{value:g}' for value in CYCLE_TIME_LADDER_MS)} ms that keeps idle "
-        f"coordination under {MAX_COORDINATION_SHARE:.0%} of the narrower direction "
-        "(globaldl/experiments/cycle_time.py). `coordination_tx_bytes_per_second` is what each "
-        "device's interface sent beyond the ring-allreduce share of the gradients, over the "
-        "whole run (fleet byte accounting)."
+        f"default is {HOROVOD_DEFAULT_CYCLE_TIME_MS:g} ms, and its coordination runs every "
+        f"cycle even when idle. {measured_coordination_text()} A longer cycle delays every "
+        "collective instead. Unless a run says otherwise, the cycle time is chosen per link: "
+        f"the shortest of {', '.join(f'{value:g}' for value in CYCLE_TIME_LADDER_MS)} ms that "
+        f"keeps idle coordination ({COORDINATION_BYTES_PER_CYCLE} bytes per device per cycle) "
+        f"under {MAX_COORDINATION_SHARE:.0%} of the narrower direction "
+        "(globaldl/experiments/cycle_time.py).\n\n"
+        "What the byte columns mean: `wire_bytes_per_step` is what one rank handed to Horovod "
+        "per step (payload); `compression_ratio` is dense fp32 bytes over that (a payload "
+        "ratio). `device_tx_bytes_per_step_model` is what a device sends per step for the "
+        "gradients by the collective's algorithm (ring allgather: N-1 times the payload, ring "
+        "allreduce: 2(N-1)/N), `traffic_ratio_vs_dense_model` the dense fp32 ring allreduce's "
+        "bytes over that. `device_tx_bytes_per_step` is what a device's interface really sent "
+        "per step over the whole run (mean over devices: gradients, broadcast, coordination, "
+        "headers, logs), and `traffic_ratio_vs_dense_measured` the uncompressed run's figure "
+        "over this run's, on the same fleet: the per-device traffic ratio against dense "
+        "Horovod. `coordination_payload_bytes_per_second` is the TCP payload per second of "
+        "Horovod's life that each device sent beyond its gradients, other collectives and log "
+        "lines (fleet byte accounting; headers excluded)."
     )
 
 

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from globaldl.files import write_json_atomically, write_text_atomically
-from globaldl.fleet.accounting import ByteAccounting, account_bytes
-from globaldl.fleet.fleet import Fleet, read_interface_counters
+from globaldl.fleet.accounting import ByteAccounting
+from globaldl.fleet.fleet import DEVICE_INTERFACE, Fleet
+from globaldl.fleet.readings import (
+    WorkerOutput,
+    account_fleet_run,
+    device_counters,
+    relay_output,
+)
 from globaldl.fleet.request import BIN, ProgramRequest, TrainRequest
 from globaldl.fleet.sshd import SSH_PORT
 from globaldl.fleet.state import DeviceState
@@ -39,6 +45,7 @@ class FleetRunResult:
     accounting: ByteAccounting | None
     accounting_path: Path | None
     targets_path: Path | None
+    worker_output: WorkerOutput = field(default_factory=WorkerOutput)
 
 
 @dataclass(frozen=True)
@@ -120,10 +127,47 @@ def horovodrun_argv(
         str(identity_file),
         "--start-timeout",
         str(start_timeout_seconds),
+        # Horovod caches its ssh check for an hour: a device revived since would be trusted
+        # unchecked, and each run would open one ssh session or two depending on the cache.
+        "--disable-cache",
     ]
     if network_interface:
         argv += ["--network-interface", network_interface]
     return argv + worker_argv
+
+
+def horovod_network_interface(requested: str | None = None) -> str:
+    """The interface horovodrun is told to use: `requested`, or the devices' own (eth0).
+
+    Left to probe by itself, horovodrun has every device check the next one's interfaces in a
+    ring; a single device checks itself, so its loopback passes as routed and Horovod picks
+    `lo` or `eth0` in set order, which changes from process to process. With `lo` the worker
+    looks for the rendezvous server at 127.0.0.1 inside its own namespace and gives up with
+    "HTTP GET request failed too many times". Named explicitly, the workers use their eth0 and
+    horovodrun serves the rendezvous on this host's interface of that name, which the devices
+    reach through their default route over the bridge.
+    """
+    import psutil
+
+    interface = requested or DEVICE_INTERFACE
+    addresses = psutil.net_if_addrs().get(interface, [])
+    if not any(address.family == socket.AF_INET for address in addresses):
+        raise ValueError(
+            f"this host has no IPv4 address on {interface!r}, where horovodrun would serve the "
+            "rendezvous (it uses the host's interface of the name the workers use); interfaces "
+            f"with one: {', '.join(sorted(_ipv4_interfaces())) or 'none'}"
+        )
+    return interface
+
+
+def _ipv4_interfaces() -> list[str]:
+    import psutil
+
+    return [
+        name
+        for name, addresses in psutil.net_if_addrs().items()
+        if any(address.family == socket.AF_INET for address in addresses)
+    ]
 
 
 class UnreachableDeviceError(ConnectionError):
@@ -177,7 +221,7 @@ def run_on_fleet(
         Path(state.identity_file),
         request.argv(),
         start_timeout_seconds=start_timeout_seconds,
-        network_interface=network_interface,
+        network_interface=horovod_network_interface(network_interface),
         elastic=elastic,
         discovery=discovery_script(fleet.state_dir) if elastic is not None else None,
     )
@@ -191,11 +235,12 @@ def run_on_fleet(
             hosts=[(d.address, 1) for d in devices],
             base_port=metrics_port,
         )
-    counters_before = {d.name: read_interface_counters(d.name) for d in devices}
+    counters_before = {d.name: device_counters(d.name) for d in devices}
     started_wall = time.time()
     started = time.monotonic()
+    output = WorkerOutput()
     try:
-        returncode = _run_bounded(argv, timeout_seconds, env)
+        returncode = _run_bounded(argv, timeout_seconds, env, output)
     finally:
         seconds = time.monotonic() - started
         if targets_path is not None:
@@ -204,7 +249,7 @@ def run_on_fleet(
             remove_targets(targets_dir, run_id)  # type: ignore[arg-type]
         # Workers orphaned by a failed or timed-out launch would hold the device (and its port).
         fleet.kill_workers()
-    counters_after = {d.name: read_interface_counters(d.name) for d in devices}
+    counters_after = {d.name: device_counters(d.name) for d in devices}
     accounting = accounting_path = None
     # A summary left by an earlier run must not be accounted against this run's counters.
     if (
@@ -212,8 +257,15 @@ def run_on_fleet(
         and summary_path.exists()
         and summary_path.stat().st_mtime >= started_wall
     ):
-        accounting = account_bytes(
-            counters_before, counters_after, json.loads(summary_path.read_text()), seconds
+        accounting = account_fleet_run(
+            counters_before,
+            counters_after,
+            summary_path,
+            seconds,
+            output=output,
+            env=env,
+            started_unix_seconds=started_wall,
+            cpu_cores_per_device=devices[0].cpu_cores if devices else None,
         )
         accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
         write_json_atomically(accounting_path, accounting.to_dict())
@@ -229,14 +281,34 @@ def run_on_fleet(
         accounting=accounting,
         accounting_path=accounting_path,
         targets_path=targets_path,
+        worker_output=output,
     )
 
 
-def _run_bounded(argv: list[str], timeout_seconds: float, env: dict[str, str] | None) -> int:
-    """Run horovodrun in its own process group; on timeout or Ctrl-C stop the whole group."""
+def _run_bounded(
+    argv: list[str],
+    timeout_seconds: float,
+    env: dict[str, str] | None,
+    output: WorkerOutput | None = None,
+) -> int:
+    """Run horovodrun in its own process group; on timeout or Ctrl-C stop the whole group.
+
+    Its stdout and stderr pass through unchanged; with `output`, each rank's lines are counted.
+    """
     process = subprocess.Popen(
-        argv, env=env if env is not None else os.environ.copy(), start_new_session=True
+        argv,
+        env=env if env is not None else os.environ.copy(),
+        start_new_session=True,
+        stdout=subprocess.PIPE if output is not None else None,
+        stderr=subprocess.PIPE if output is not None else None,
     )
+    relays = []
+    if output is not None:
+        assert process.stdout is not None and process.stderr is not None
+        for source, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
+            relay = threading.Thread(target=relay_output, args=(source, sink, output), daemon=True)
+            relay.start()
+            relays.append(relay)
     try:
         return process.wait(timeout=timeout_seconds)
     except subprocess.TimeoutExpired:
@@ -247,6 +319,9 @@ def _run_bounded(argv: list[str], timeout_seconds: float, env: dict[str, str] | 
     except BaseException:
         _stop_group(process)
         raise
+    finally:
+        for relay in relays:
+            relay.join(timeout=10)
 
 
 def _stop_group(process: subprocess.Popen[bytes]) -> None:

@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,14 @@ def default_cache_path() -> Path:
     return Path(root) / "model-sizes.json"
 
 
-def parse_train_settings(train_args: Sequence[str]) -> TrainSettings:
+def parse_train_settings(
+    train_args: Sequence[str], environ: Mapping[str, str] | None = None
+) -> TrainSettings:
     """`globaldl train` arguments parsed exactly as `globaldl train` parses them (no TensorFlow).
 
-    Raises ValueError (the settings' own message) when the arguments are not valid.
+    `environ` is the environment the workers will see (default: this process's); its
+    GLOBALDL_* variables count as they will there. Raises ValueError (the settings' own
+    message) when the arguments are not valid.
     """
     import typer
 
@@ -53,7 +57,8 @@ def parse_train_settings(train_args: Sequence[str]) -> TrainSettings:
         message = format_message() if format_message is not None else str(error)
         raise ValueError(f"`globaldl train` arguments: {message}") from None
     flags = dict(context.params)
-    return resolve_settings(flags, flags.pop("config"))
+    flags.pop("verbose")  # a display option of the command, not a setting (as `train` drops it)
+    return resolve_settings(flags, flags.pop("config"), environ)
 
 
 def dense_gradient_bytes(settings: TrainSettings, cache_path: Path | None = None) -> int:

@@ -33,10 +33,11 @@ def _error_lines(stderr: str) -> list[str]:
         ),
         (
             ["--quantize", "int3"],
-            "quantize 'int3' is not one of: none, fp16, int8, qsgd, terngrad, sign",
+            "quantize='int3' is not valid; allowed: "
+            "['none', 'fp16', 'int8', 'qsgd', 'terngrad', 'sign', 'intsum']",
         ),
         (["--model", "resnet", "--depth", "50"], "depth 50 is not one of: 8, 14, 20, 32"),
-        (["--density", "1.5"], "density 1.5 is not allowed; use 0 < density <= 1"),
+        (["--density", "1.5"], "density=1.5 is out of range; allowed: (0.0, 1.0]"),
     ],
 )
 def test_bad_choice_gives_one_line_and_exit_2(

@@ -10,13 +10,13 @@ import sys
 import pytest
 
 from globaldl.cli.quiet import quiet_native_start
+from globaldl.compression.config import PRUNE_NAMES, QUANTIZE_NAMES
 from globaldl.settings import (
     BALANCE_NAMES,
     DATASET_NAMES,
+    HIERARCHY_NAMES,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
-    PRUNE_NAMES,
-    QUANTIZE_NAMES,
 )
 
 
@@ -34,7 +34,7 @@ def test_help_at_80_columns_shows_every_choice_and_cuts_nothing(venv_bin) -> Non
     assert "…" not in text
     words = set(text.replace(",", " ").replace("(", " ").replace(")", " ").split())
     for names in (MODEL_NAMES, DATASET_NAMES, OPTIMIZER_NAMES, PRUNE_NAMES, QUANTIZE_NAMES,
-                  BALANCE_NAMES):  # fmt: skip
+                  BALANCE_NAMES, HIERARCHY_NAMES):  # fmt: skip
         missing = [name for name in names if name not in words]
         assert not missing, f"--help lacks {missing}"
     for option in ("--max-steps-per-epoch", "--metrics-basic-auth-file", "--verbose"):

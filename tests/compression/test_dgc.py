@@ -29,7 +29,7 @@ def sparse_count(compressor: GradientCompressor, payload: tf.Tensor) -> int:
 def test_dgc_sends_the_warmup_count_of_each_epoch():
     variables = [tf.Variable(tf.zeros([4096]))]
     compressor = GradientCompressor(
-        CompressionConfig(prune="dgc", density=0.001, quantize="int8"),
+        CompressionConfig(prune="dgc", density=0.001, quantize="int8", warmup_epochs=4),
         variables,
         steps_per_epoch=10,
     )

@@ -18,6 +18,21 @@ from globaldl.compression import (
 
 SHAPES = [(40, 30), (3, 3, 8, 16), (16,), (), (0,), (5, 7)]  # two pruned, four sent dense
 RANKS = 3
+AGREED = ("none", "shared-randomk", "shared-topk")  # every rank sends the same positions
+SUMMABLE = ("none", "fp16", "intsum")
+# Every gathered pair, every summed pair, and one gathered pair with agreed positions
+# (powersgd takes two rounds: test_powersgd.py; intsum needs agreed positions).
+PAIRS = list(
+    dict.fromkeys(
+        [
+            *itertools.product(("none", "topk", "randomk", "threshold", "dgc"), QUANTIZE_NAMES[:6]),
+            *itertools.product(AGREED, ("none", "fp16", "intsum")),
+            ("shared-randomk", "int8"),
+        ]
+    )
+)
+assert set(QUANTIZE_NAMES[:6]) == {"none", "fp16", "int8", "qsgd", "terngrad", "sign"}
+assert {p for p, _ in PAIRS} | {"powersgd"} == set(PRUNE_NAMES)
 
 
 def make_compressors(config: CompressionConfig, ranks: int = RANKS, shapes=SHAPES):
@@ -30,6 +45,11 @@ def make_compressors(config: CompressionConfig, ranks: int = RANKS, shapes=SHAPE
 
 def random_gradients(rng: np.random.Generator, shapes=SHAPES) -> list[np.ndarray]:
     return [rng.normal(size=shape).astype(np.float32) for shape in shapes]
+
+
+def test_intsum_refuses_a_sparsifier_whose_positions_differ_between_ranks():
+    with pytest.raises(ValueError, match=r"quantize='intsum' adds codes across ranks.*prune="):
+        make_compressors(CompressionConfig(prune="topk", quantize="intsum"), ranks=1)
 
 
 def exchange(compressor: GradientCompressor, payloads: list[tf.Tensor]):
@@ -51,26 +71,25 @@ def sent_by(
     return [g + o.numpy() - n.numpy() for g, o, n in zip(gradients, old, new, strict=True)]
 
 
-@pytest.mark.parametrize(
-    ("prune", "quantize"), list(itertools.product(PRUNE_NAMES, QUANTIZE_NAMES))
-)
+@pytest.mark.parametrize(("prune", "quantize"), PAIRS)
 def test_every_combination_decodes_to_the_average_of_what_each_rank_sent(prune, quantize):
-    compressors = make_compressors(CompressionConfig(prune=prune, quantize=quantize, density=0.01))
+    config = CompressionConfig(prune=prune, quantize=quantize, density=0.01, warmup_epochs=4)
+    compressors = make_compressors(config)
     first = compressors[0]
     rng = np.random.default_rng(len(prune) * 10 + len(quantize))
     step = tf.constant(25, tf.int64)  # epoch 2: DGC still warming up (1.5625%)
-    payloads, sent = [], []
+    payloads, sent, updates = [], [], []
     for compressor in compressors:
         gradients = random_gradients(rng)
         payload, update = compressor.compress([tf.constant(g) for g in gradients], step)
         payloads.append(payload)
+        updates.append(update)
         sent.append(sent_by(compressor, gradients, update))
 
-    summable = prune == "none" and quantize in ("none", "fp16")
+    summable = prune in AGREED and quantize in SUMMABLE
     assert first.combine is (Combine.SUM if summable else Combine.GATHER)
-    expected_dtype = {True: tf.float16 if quantize == "fp16" else tf.float32, False: tf.uint8}[
-        summable
-    ]
+    sum_dtypes = {"fp16": tf.float16, "none": tf.float32, "intsum": tf.uint8}
+    expected_dtype = sum_dtypes[quantize] if summable else tf.uint8
     for payload in payloads:
         assert payload.dtype == expected_dtype and payload.shape.rank == 1
         assert int(first.wire_bytes(payload)) == int(tf.size(payload)) * expected_dtype.size
@@ -79,8 +98,13 @@ def test_every_combination_decodes_to_the_average_of_what_each_rank_sent(prune, 
     assert (first.fixed_payload_bytes is None) == (prune in ("threshold", "dgc"))
     assert first.raw_bytes_per_step == 4 * sum(int(np.prod(s)) for s in SHAPES)
 
+    if prune in AGREED:  # the same positions on every rank
+        for update in updates[1:]:
+            np.testing.assert_array_equal(update.carry[0].numpy(), updates[0].carry[0].numpy())
     exchanged, lengths = exchange(first, payloads)
-    averaged, any_nonfinite = first.decompress(exchanged, lengths, tf.constant(RANKS))
+    averaged, any_nonfinite, _ = first.decompress_update(
+        exchanged, lengths, tf.constant(RANKS), updates[0]
+    )
     assert not bool(any_nonfinite)
     tolerance = 3e-3 if quantize == "fp16" and summable else 1e-5  # fp16 allreduce sums in fp16
     for index, shape in enumerate(SHAPES):
@@ -89,12 +113,12 @@ def test_every_combination_decodes_to_the_average_of_what_each_rank_sent(prune, 
         np.testing.assert_allclose(
             averaged[index].numpy(), expected, atol=tolerance, rtol=tolerance
         )
-    if prune in ("topk", "randomk"):
+    if prune in ("topk", "randomk", "shared-randomk", "shared-topk"):
         # at most k = round(0.01 * size) entries of each pruned tensor were sent per rank
         # (exactly k, unless the quantizer rounded some to zero), dense tensors went whole
         for rank_sent in sent:
             counts = [np.count_nonzero(rank_sent[i]) for i in (0, 1, 2)]
-            if quantize in ("none", "fp16"):
+            if quantize in ("none", "fp16") and prune != "shared-topk":
                 assert counts == [12, 12, 16]
             assert counts[0] <= 12 and counts[1] <= 12
 

@@ -100,7 +100,7 @@ def test_gradients_of_pruned_weights_are_never_sent(prune, quantize):
         averaged, _ = compressor.decompress(payload, None, 1)
     else:
         decoded = compressor.wire.decode(payload, tf.size(payload)[tf.newaxis], unpruned_dense)
-        flat_keep = np.concatenate([keep[info.index].ravel() for info in compressor._layout_order])
+        flat_keep = np.concatenate([keep[info.index].ravel() for info in compressor.layout.order])
         assert np.all(flat_keep[decoded.sparse_positions.numpy()])  # every kept index is live
         assert int(decoded.dense_symbols.shape[1]) == unpruned_dense
         averaged, _ = compressor.decompress(payload, tf.size(payload)[tf.newaxis], 1)

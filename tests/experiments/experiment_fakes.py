@@ -68,7 +68,7 @@ def result(
                 for i in range(spec.fleet.devices)
             ],
             "mean_tx_bytes": 5000.0,
-            "extra_tx_bytes_per_second": 100.0,
+            "coordination_payload_bytes_per_second": 100.0,
         }
     return RunResult(
         spec=spec,

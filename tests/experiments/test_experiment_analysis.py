@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from globaldl.experiments.analysis import (
     NO_RESULT,
+    add_traffic_ratios,
     at_least_times_sooner,
     at_most_times,
     epoch_end_seconds,
@@ -162,3 +163,43 @@ def test_auto_cycle_time_keeps_idle_coordination_under_its_share_unless_capped(
 def test_auto_cycle_time_rejects_a_bad_rate(bad: float) -> None:
     with pytest.raises(ValueError, match="up_kbit_per_second"):
         auto_cycle_time_ms(bad, 1000)
+
+
+def test_measured_traffic_ratio_compares_each_run_with_the_dense_run_on_the_same_fleet() -> None:
+    rows = [
+        {
+            "model": "lenet",
+            "devices": 4,
+            "profile": "lte",
+            "compression": "none",
+            "horovod_cycle_time_ms": 5.0,
+            "device_tx_bytes_per_step": 600_000.0,
+        },
+        {
+            "model": "lenet",
+            "devices": 4,
+            "profile": "lte",
+            "compression": "prune+quantize",
+            "horovod_cycle_time_ms": 5.0,
+            "device_tx_bytes_per_step": 30_000.0,
+        },
+        # Another fleet size has no dense run: no ratio rather than a wrong one.
+        {
+            "model": "lenet",
+            "devices": 8,
+            "profile": "lte",
+            "compression": "prune+quantize",
+            "horovod_cycle_time_ms": 5.0,
+            "device_tx_bytes_per_step": 40_000.0,
+        },
+        # A run that failed has no bytes.
+        {
+            "model": "lenet",
+            "devices": 4,
+            "profile": "lte",
+            "compression": "fp16",
+            "horovod_cycle_time_ms": 5.0,
+        },
+    ]
+    add_traffic_ratios(rows)
+    assert [row["traffic_ratio_vs_dense_measured"] for row in rows] == [1.0, 20.0, None, None]

@@ -132,6 +132,7 @@ def test_all_dry_run_prints_every_plan() -> None:
         ("latency", "4"),
         ("scale", "3"),
         ("sites", "1"),
+        ("scaling", "8"),
     ]
 
 

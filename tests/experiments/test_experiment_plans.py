@@ -36,6 +36,10 @@ def _settings(spec: RunSpec, tmp_path: Path):
     args = list(spec.train_args)
     assert len(args) % 2 == 0, args
     config = {args[i].removeprefix("--"): args[i + 1] for i in range(0, len(args), 2)}
+    if spec.fleet.sites is not None:  # `fleet run` passes the fleet's site map
+        site_map = tmp_path / "sites.yaml"
+        site_map.write_text("sites:\n  site-1: [10.0.0.2]\n")
+        config["sites-file"] = str(site_map)
     path = tmp_path / f"{spec.label}.yaml"
     path.write_text(yaml.safe_dump(config))
     return resolve_settings({}, path, environ={})

@@ -21,6 +21,14 @@ CLI_TIMEOUT_SECONDS = 120
 KNOWN_HOSTS = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "known_hosts"
 
 
+def fleet_host_keys(state_dir: Path) -> list[str]:
+    """The base64 part of every device's sshd host key in a fleet's state ([] if none)."""
+    state = read_text_or_none(Path(state_dir) / "fleet.json")
+    if state is None:
+        return []
+    return [device["host_key_public"].split()[1] for device in json.loads(state)["devices"]]
+
+
 def read_text_or_none(path: Path) -> str | None:
     try:
         return path.read_text()
@@ -74,6 +82,8 @@ class FleetUnderTest:
     subnet: str
     state_dir: Path
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Its devices' sshd host keys, read after each `up`: what known_hosts must not keep.
+    host_keys: set[str] = field(default_factory=set)
 
     @property
     def env(self) -> dict[str, str]:
@@ -100,6 +110,7 @@ class FleetUnderTest:
         assert completed.returncode == 0, (
             f"fleet up failed:\n{completed.stdout}\n{completed.stderr}"
         )
+        self.host_keys.update(fleet_host_keys(self.state_dir))
         return completed
 
     def state(self) -> dict:

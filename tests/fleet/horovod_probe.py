@@ -54,6 +54,7 @@ def main() -> None:
             "gradient_bytes_wire": tensor_bytes * steps,
             "steps": steps,
             "ranks": hvd.size(),
+            "exchange": {"combine": "sum", "collectives_per_step": 1, "hierarchy": "none"},
             "exchange_seconds": exchange_seconds,
         }
         temporary = summary_path.with_suffix(".tmp")

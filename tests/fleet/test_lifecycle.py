@@ -105,7 +105,7 @@ def test_failed_up_rolls_back_and_keeps_what_it_did_not_create(test_fleet, asser
         )
         assert failed.returncode == 1
         assert (
-            f"ip netns add {clash}" in failed.stderr
+            f"network namespace {clash} already exists" in failed.stderr
             and "everything it created was removed" in failed.stderr
         )
         assert f"creating {test_fleet.device(2)}" in failed.stderr

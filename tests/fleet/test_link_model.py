@@ -180,6 +180,31 @@ def test_site_map_is_the_contract_document_and_reads_back(tmp_path: Path):
     assert read_site_map(path) == sites
 
 
+def test_fleet_site_map_reaches_the_trainers_hierarchy(tmp_path: Path):
+    from globaldl.cli.fleet.run import SITES_FILE_ENV, _with_sites_file
+    from globaldl.fleet.model_size import parse_train_settings
+    from globaldl.fleet.request import TrainRequest
+    from globaldl.sites import load_site_map
+
+    fleet_map = tmp_path / "sites.yaml"
+    fleet_map.write_text(site_map_text({"site-1": ["10.1.0.2"], "site-2": ["10.1.0.3"]}))
+    # The trainer's reader finds a device by the address horovodrun launched it under.
+    assert load_site_map(fleet_map).site_of(["dev2", "10.1.0.3"]) == "site-2"
+    # `fleet run -- --hierarchy sites` is valid before the flag is added: the map is in the env.
+    environ = {SITES_FILE_ENV: str(fleet_map)}
+    summary = tmp_path / "summary.json"
+    request = TrainRequest(("--hierarchy", "sites"), run_id="r", summary_path=summary)
+    settings = parse_train_settings(request.train_args, environ)
+    assert settings.hierarchy == "sites"
+    passed = _with_sites_file(request, settings).train_args
+    assert passed == ("--hierarchy", "sites", "--sites-file", str(fleet_map))
+    # A map the user chose is kept.
+    own_map = tmp_path / "own.yaml"
+    own_map.write_text("sites:\n  home: [10.1.0.2, 10.1.0.3]\n")
+    own = TrainRequest(("--sites-file", str(own_map)), run_id="r", summary_path=summary)
+    assert _with_sites_file(own, parse_train_settings(own.train_args, environ)) == own
+
+
 def _settings(budget, **overrides):
     options = {
         "dense_gradient_bytes": LENET_DENSE_GRADIENT_BYTES,

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from globaldl.fleet.accounting import account_bytes
 from globaldl.fleet.launcher import ElasticOptions, horovodrun_argv
 from globaldl.fleet.plan import plan_fleet
 from globaldl.fleet.profiles import (
@@ -273,36 +272,3 @@ def test_elastic_horovodrun_command_uses_discovery_and_bounded_waits():
         horovodrun_argv(
             [_device("a-1", "10.1.0.2")], Path("/k"), ["x"], elastic=ElasticOptions(1, 1)
         )
-
-
-def test_byte_accounting_compares_counter_deltas_with_the_summary():
-    def counters(tx: int, rx: int) -> dict[str, int]:
-        return {"tx_bytes": tx, "rx_bytes": rx, "tx_packets": tx // 1000, "rx_packets": rx // 1000}
-
-    before = {"d1": counters(100, 50), "d2": counters(0, 0)}
-    after = {"d1": counters(1_100_100, 1_050_050), "d2": counters(1_000_000, 1_100_000)}
-    summary = {"gradient_bytes_wire": 1_000_000, "steps": 10, "ranks": 2}
-    accounting = account_bytes(before, after, summary, run_seconds=10)
-    assert [d.tx_bytes for d in accounting.devices] == [1_100_000, 1_000_000]
-    assert accounting.tx_to_wire_ratio == pytest.approx(1.05)
-    assert accounting.allreduce_factor == 1
-    assert accounting.to_dict()["overhead_ratio"] == pytest.approx(1.05)
-    assert accounting.extra_tx_bytes_per_second == pytest.approx(5_000)
-    four_ranks = account_bytes(before, after, {**summary, "ranks": 4})
-    assert four_ranks.allreduce_factor == 1.5
-    with pytest.raises(ValueError, match="lacks 'gradient_bytes_wire'"):
-        account_bytes(before, after, {"steps": 1, "ranks": 2})
-
-
-def test_byte_accounting_of_a_one_device_run_reports_without_a_ratio():
-    counters = {"tx_bytes": 5_000, "rx_bytes": 4_000, "tx_packets": 5, "rx_packets": 4}
-    zero = {"tx_bytes": 0, "rx_bytes": 0, "tx_packets": 0, "rx_packets": 0}
-    accounting = account_bytes(
-        {"d1": zero},
-        {"d1": counters},
-        {"gradient_bytes_wire": 1_000, "steps": 1, "ranks": 1},
-        run_seconds=1,
-    )
-    assert accounting.overhead_ratio is None
-    report = accounting.report()
-    assert "d1" in report and "protocol overhead" not in report

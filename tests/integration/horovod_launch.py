@@ -23,8 +23,13 @@ def horovod_train(
     env: dict[str, str],
     ranks: int = 2,
     timeout_seconds: float = LAUNCH_TIMEOUT_SECONDS,
+    hosts: str | None = None,
 ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    """Run `horovodrun -np RANKS globaldl train ARGS --summary ...`; return the summary."""
+    """Run `horovodrun -np RANKS globaldl train ARGS --summary ...`; return the summary.
+
+    ``hosts`` is horovodrun's -H (default: all ranks on localhost); `localhost:2,127.0.0.1:2`
+    gives two host names on this machine, which Horovod starts without ssh.
+    """
     tmp_path.mkdir(parents=True, exist_ok=True)
     summary_path = tmp_path / "summary.json"
     command = [
@@ -32,7 +37,7 @@ def horovod_train(
         "-np",
         str(ranks),
         "-H",
-        f"localhost:{ranks}",
+        hosts or f"localhost:{ranks}",
         "--gloo",
         str(BIN / "globaldl"),
         "train",

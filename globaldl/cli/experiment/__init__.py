@@ -22,6 +22,7 @@ from globaldl.cli.experiment import (
     report,
     resources,
     scale,
+    scaling,
     sites,
 )
 from globaldl.cli.experiment.options import parse_cycle_time, parse_int_list
@@ -45,6 +46,7 @@ app.command(name="balance")(balance.balance)
 app.command(name="latency")(latency.latency)
 app.command(name="scale")(scale.scale)
 app.command(name="sites")(sites.sites)
+app.command(name="scaling")(scaling.scaling)
 app.command(name="all")(all_experiments.all_experiments)
 app.command(name="report")(report.report)
 

@@ -65,7 +65,10 @@ def run(
     ] = None,
     network_interface: Annotated[
         str | None,
-        typer.Option(help="horovodrun --network-interface (default: let Horovod probe)."),
+        typer.Option(
+            help="horovodrun --network-interface [default: the devices' eth0; Horovod's own "
+            "probe picks loopback at random when there is one device]."
+        ),
     ] = None,
     elastic: Annotated[
         bool,
@@ -111,13 +114,14 @@ def run(
             raise ValueError("--min-np and --max-np need --elastic")
         request = _request(worker_args, exec_command, run_id, summary, metrics_port)
         env = os.environ.copy()
+        if state.site_map_path is not None:
+            # Before the arguments are checked: `--hierarchy sites` needs a map to be valid.
+            env.setdefault(SITES_FILE_ENV, str(state.site_map_path))
         settings = None
         if isinstance(request, TrainRequest):
-            settings = parse_train_settings(request.train_args)
-        if state.site_map_path is not None:
-            env[SITES_FILE_ENV] = str(state.site_map_path)
-            if isinstance(request, TrainRequest):
-                request = _with_sites_file(request, settings, state)
+            settings = parse_train_settings(request.train_args, env)
+            if state.site_map_path is not None:
+                request = _with_sites_file(request, settings)
         link = _link_settings(
             state, fleet, settings, env, start_timeout_seconds, timeout_seconds, elastic_options
         )
@@ -216,7 +220,8 @@ def _link_settings(
     return horovod_link_settings(
         link_budget(state, devices),
         dense_gradient_bytes=dense_gradient_bytes(settings) if settings is not None else None,
-        compressed=settings is not None and (settings.prune, settings.quantize) != ("none", "none"),
+        compressed=settings is not None
+        and (settings.compression.prune, settings.compression.quantize) != ("none", "none"),
         environ=env,
         start_timeout_seconds=start_timeout_seconds,
         default_start_timeout_seconds=launcher.DEFAULT_START_TIMEOUT_SECONDS,
@@ -224,23 +229,17 @@ def _link_settings(
     )
 
 
-def _with_sites_file(
-    request: TrainRequest, settings: TrainSettings | None, state: FleetState
-) -> TrainRequest:
-    """Add `--sites-file MAP` where this globaldl's train reads site maps (the contract)."""
-    from globaldl.settings import FIELDS
+def _with_sites_file(request: TrainRequest, settings: TrainSettings) -> TrainRequest:
+    """Add `--sites-file MAP` to the train arguments (the contract), keeping a map the user chose.
 
-    if "sites_file" not in FIELDS:
-        echo_err(
-            f"fleet run: this globaldl's `train` has no {SITES_FILE_OPTION} yet; the site map "
-            f"{state.site_map_path} is passed as ${SITES_FILE_ENV} only"
-        )
+    `settings.sites_file` is the user's map (flag, config file or $GLOBALDL_SITES_FILE) or
+    else the fleet's; restating it as a flag changes nothing but makes it explicit.
+    """
+    if SITES_FILE_OPTION in request.train_args or settings.sites_file is None:
         return request
-    if getattr(settings, "sites_file", None) is not None:
-        return request  # the user chose one
     return replace(
         request,
-        train_args=(*request.train_args, SITES_FILE_OPTION, str(state.site_map_path)),
+        train_args=(*request.train_args, SITES_FILE_OPTION, str(settings.sites_file)),
     )
 
 

@@ -1,0 +1,75 @@
+"""Ranks grouped by site: who reduces with whom, and which rank speaks for each site.
+
+The hierarchical exchange (``--hierarchy sites``) sums a step's payload in three steps, each
+one Horovod collective on a process set:
+
+1. every site sums its members' payloads over its local network (allreduce in the site);
+2. one leader per site (its lowest rank) sums the site sums across the wide-area network
+   (allreduce among the leaders);
+3. each leader sends the total back to its site (broadcast in the site).
+
+So a step's wide-area part is a ring of S leaders (2 (S - 1) hops) instead of all N ranks
+(2 (N - 1) hops). Pure Python: the exchange builds the process sets from this.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """The sites of a run, as rank groups, seen from one rank.
+
+    Attributes:
+        sites: the ranks of each site, ascending; sites in the order of their lowest rank.
+        names: the site names, in the same order.
+        rank: this rank.
+
+    """
+
+    sites: tuple[tuple[int, ...], ...]
+    names: tuple[str, ...]
+    rank: int
+
+    @classmethod
+    def from_site_names(cls, site_of_rank: list[str], rank: int) -> Hierarchy:
+        """Group ranks by the site each reported (``site_of_rank[r]`` is rank r's site)."""
+        groups: dict[str, list[int]] = {}
+        for each_rank, site in enumerate(site_of_rank):
+            groups.setdefault(site, []).append(each_rank)
+        return cls(tuple(tuple(g) for g in groups.values()), tuple(groups), rank)
+
+    @property
+    def own_site(self) -> tuple[int, ...]:
+        """The ranks of this rank's site."""
+        return next(site for site in self.sites if self.rank in site)
+
+    @property
+    def leader(self) -> int:
+        """The rank that exchanges this site's sum across the wide-area network."""
+        return self.own_site[0]
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this rank is its site's leader."""
+        return self.rank == self.leader
+
+    @property
+    def leaders(self) -> tuple[int, ...]:
+        """Every site's leader, ascending."""
+        return tuple(site[0] for site in self.sites)
+
+    def leader_tx_bytes(self, payload_bytes: float) -> float:
+        """Bytes a leader sends per summed payload of ``payload_bytes``, by Gloo's algorithms.
+
+        Ring allreduce in the site (2 (m - 1) / m), ring allreduce among the S leaders
+        (2 (S - 1) / S, the only wide-area part), binomial-tree broadcast from the leader
+        (ceil(log2 m) copies): the busiest device of the hierarchy.
+        """
+        members, leaders = len(self.own_site), len(self.sites)
+        site_sum = 2.0 * (members - 1) / members if members > 1 else 0.0
+        wide_area = 2.0 * (leaders - 1) / leaders if leaders > 1 else 0.0
+        broadcast = math.ceil(math.log2(members)) if members > 1 else 0
+        return (site_sum + wide_area + broadcast) * payload_bytes

@@ -1,0 +1,94 @@
+"""The `scaling` experiment: its plan, and its three targets evaluated from run results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiment_fakes import result, summary
+
+from globaldl.experiments import ScalingExperiment, write_outputs
+from globaldl.experiments.scaling import CODECS, SUMMABLE
+
+
+def test_scaling_plan_covers_every_mode_at_2_to_16_devices_and_the_sites() -> None:
+    plan = ScalingExperiment().plan()
+    flat = [spec for spec in plan if spec.fleet.sites is None]
+    assert {spec.fleet.devices for spec in flat} == {2, 4, 8, 16}
+    assert {spec.factors["codec"] for spec in flat} == set(CODECS)
+    assert len(flat) == 4 * len(CODECS)
+    assert all(spec.fleet.profile == "lte" and spec.fleet.cpu_cores_total <= 2.0 for spec in plan)
+    sites = [spec for spec in plan if spec.fleet.sites is not None]
+    assert {spec.fleet.sites for spec in sites} == {"4x4"}
+    assert [(s.factors["codec"], s.factors["exchange"]) for s in sites] == [
+        ("dense", "ring"),
+        ("dense", "hierarchy"),
+        ("shared-topk+intsum", "ring"),
+        ("shared-topk+intsum", "hierarchy"),
+    ]
+    assert [s.option("--hierarchy") for s in sites] == [None, "sites", None, "sites"]
+    assert {spec.option("--epochs") for spec in plan} == {"2"}  # fixed epochs, one repeat
+
+
+def _results(plan, tx_bytes, accuracy, step_seconds):
+    """Fake results: interface bytes, accuracy and step seconds chosen per run label."""
+    results = []
+    for spec in plan:
+        run = result(
+            spec,
+            summary(
+                epoch_seconds=[10.0, 10.0],
+                val_accuracies=[0.8, accuracy(spec)],
+                steps=10,
+                phase_seconds={"exchange": 10 * step_seconds(spec)},
+            ),
+        )
+        run.summary["exchange"] = {"combine": "sum", "collectives_per_step": 1, "hierarchy": "none"}
+        run.summary["traffic"] = {"device_tx_bytes_per_step_model": 1.0}
+        run.accounting["mean_tx_bytes"] = 10 * tx_bytes(spec)
+        results.append(run)
+    return results
+
+
+def test_scaling_targets_are_met_by_flat_summed_traffic_and_a_faster_hierarchy(
+    tmp_path: Path,
+) -> None:
+    experiment = ScalingExperiment()
+    plan = experiment.plan()
+
+    def tx_bytes(spec):  # dense grows with N; summable codecs stay flat at 1/100
+        codec = spec.factors["codec"]
+        return 500_000 if codec in ("dense", "fp16", "topk+int8") else 4_000 + spec.fleet.devices
+
+    report = write_outputs(
+        experiment,
+        _results(
+            plan,
+            tx_bytes,
+            lambda spec: 0.95,
+            lambda spec: 1.0 if spec.factors["exchange"] == "hierarchy" else 3.0,
+        ),
+        tmp_path,
+    )
+    statuses = {check.goal: check.status for check in report.targets}
+    assert len(statuses) == 2 * len(SUMMABLE) + 2
+    assert set(statuses.values()) == {"met"}, statuses
+    assert (tmp_path / "scaling.png").exists() and (tmp_path / "scaling.md").exists()
+    row = next(r for r in report.rows if r["label"] == "shared-topk_intsum-n16")
+    assert row["traffic_ratio_vs_dense"] == 500_000 / 4_016
+
+
+def test_scaling_targets_are_not_met_when_bytes_grow_accuracy_drops_or_sites_do_not_help(
+    tmp_path: Path,
+) -> None:
+    experiment = ScalingExperiment()
+    report = write_outputs(
+        experiment,
+        _results(
+            experiment.plan(),
+            lambda spec: 1000 * spec.fleet.devices,  # grows with N: gathered, not summed
+            lambda spec: 0.90 if spec.factors["codec"] in SUMMABLE else 0.95,
+            lambda spec: 2.0,
+        ),
+        tmp_path,
+    )
+    assert {check.status for check in report.targets} == {"NOT met"}
