@@ -86,14 +86,20 @@ def _configure_threads(local_size: int) -> None:
     """Share the machine's cores between the ranks that run on it (once per process).
 
     TensorFlow fixes its thread pools when its runtime starts; an elastic worker that builds a
-    second trainer after a membership change keeps the pools it has.
+    second trainer after a membership change keeps the pools it has. TensorFlow's own
+    TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS win over the even split (a fleet of
+    fractional-core devices may run single-threaded runtimes).
     """
     if tf.config.threading.get_intra_op_parallelism_threads() != 0:
         return
     cores = os.cpu_count() or 1
+    intra = os.environ.get("TF_NUM_INTRAOP_THREADS")
+    inter = os.environ.get("TF_NUM_INTEROP_THREADS")
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // max(1, local_size)))
-        tf.config.threading.set_inter_op_parallelism_threads(2)
+        tf.config.threading.set_intra_op_parallelism_threads(
+            int(intra) if intra else max(1, cores // max(1, local_size))
+        )
+        tf.config.threading.set_inter_op_parallelism_threads(int(inter) if inter else 2)
     except RuntimeError:
         # The runtime already started in this process (a trainer built inside a larger
         # program or a test session): it keeps the pools it started with.

@@ -11,10 +11,11 @@ cache=${GLOBALDL_CACHE:-$HOME/.cache/globaldl}
 horovod_version=0.28.1
 # python3-apt, python3-venv, python3-dev: what deploy/ansible needs on a device (the emulated
 # devices share this machine); wireguard-tools, wireguard-go: the overlay test (this kernel has
-# no WireGuard module, wireguard-go is the userspace implementation); python3-simgrid: SimGrid 3.32,
-# the engine behind `globaldl simulate`, loaded by file path.
+# no WireGuard module, wireguard-go is the userspace implementation); vde2: the fleet's
+# links with delay, jitter and loss (vde_switch, wirefilter; this kernel has no netem);
+# python3-simgrid: SimGrid 3.32, the engine behind `globaldl simulate`, loaded by file path.
 apt_packages=(build-essential cmake git openssh-server openssh-client iproute2 prometheus prometheus-node-exporter
-  python3-apt python3-venv python3-dev wireguard-tools wireguard-go python3-simgrid)
+  python3-apt python3-venv python3-dev wireguard-tools wireguard-go vde2 python3-simgrid)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 # pip warns once per package about this machine's optional local indexes; hide only that line.

@@ -112,6 +112,42 @@ def compression(
         typer.echo(md_path.read_text())
 
 
+@app.command()
+def links(
+    repeats: Annotated[int, typer.Option(help="Interleaved repeats (medians reported).")] = 3,
+    seconds: Annotated[float, typer.Option(help="Bulk transfer time per measurement.")] = 5.0,
+    profiles: Annotated[
+        str | None,
+        typer.Option(
+            help="Profiles, comma-separated [default: fibre,lte,slow-4g,lte-m,geo-satellite,"
+            "nb-iot]."
+        ),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Results folder.")] = DEFAULT_OUT,
+) -> None:
+    """Every profile's emulated link (round trip, loss, rate) against the profile; its CPU cost."""
+    with user_errors():
+        from globaldl.bench.links import COLUMNS, NOTES, PROFILES, measure_links
+        from globaldl.bench.results import write_results
+
+        chosen = tuple(p.strip() for p in profiles.split(",")) if profiles else PROFILES
+        rows = measure_links(chosen, repeats=repeats, seconds=seconds)
+        met = all(row["within_10_percent"] for row in rows)
+        command = f"globaldl bench links --repeats {repeats} --seconds {seconds:g}" + (
+            f" --profiles {','.join(chosen)}" if profiles else ""
+        )
+        _, md_path = write_results(
+            out,
+            "links",
+            "Emulated links against their profiles, and the CPU they cost",
+            rows,
+            notes=NOTES + f"\n\nTarget (all within 10%): {'met' if met else 'NOT met'}.",
+            command=command,
+            columns=COLUMNS,
+        )
+        typer.echo(md_path.read_text())
+
+
 def _numbers(option: str, text: str) -> list[float]:
     """`1,5,20` -> [1.0, 5.0, 20.0]; ValueError naming the option otherwise."""
     try:

@@ -15,12 +15,15 @@ from globaldl.experiments.experiment import (
     run_experiment,
     write_outputs,
 )
+from globaldl.experiments.latency import LatencyExperiment
 from globaldl.experiments.learning import LearningExperiment, LearningWorkload
 from globaldl.experiments.recovery import RecoveryExperiment
 from globaldl.experiments.resources import ResourcesExperiment
 from globaldl.experiments.rounds import RoundsExperiment
 from globaldl.experiments.runner import ExperimentRunner, RunResult
+from globaldl.experiments.scale import ScaleExperiment
 from globaldl.experiments.scaling import ScalingExperiment
+from globaldl.experiments.sites import SitesExperiment
 from globaldl.experiments.spec import FleetConfig, RunSpec, Workload
 
 EXPERIMENTS: dict[str, type[Experiment]] = {
@@ -31,6 +34,9 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "recovery": RecoveryExperiment,
     "balance": BalanceExperiment,
     "rounds": RoundsExperiment,
+    "latency": LatencyExperiment,
+    "scale": ScaleExperiment,
+    "sites": SitesExperiment,
     "scaling": ScalingExperiment,
     "learning": LearningExperiment,
 }
@@ -59,6 +65,7 @@ __all__ = [
     "ExperimentReport",
     "ExperimentRunner",
     "FleetConfig",
+    "LatencyExperiment",
     "LearningExperiment",
     "LearningWorkload",
     "RecoveryExperiment",
@@ -66,8 +73,10 @@ __all__ = [
     "RoundsExperiment",
     "RunResult",
     "RunSpec",
+    "ScaleExperiment",
     "ScalingExperiment",
     "Schedule",
+    "SitesExperiment",
     "TargetCheck",
     "Variant",
     "Workload",

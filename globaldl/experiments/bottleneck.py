@@ -20,7 +20,8 @@ from globaldl.experiments.spec import (
 )
 from globaldl.monitoring.phases import PHASES, bottleneck_phase, phase_shares
 
-FULL_PROFILES: tuple[str, ...] = ("fibre", "lte", "slow-4g", "lte-m", "nb-iot")
+# Every device access profile, each now with its delay (vde2): the bottleneck map with latency.
+FULL_PROFILES: tuple[str, ...] = ("fibre", "lte", "slow-4g", "lte-m", "geo-satellite", "nb-iot")
 QUICK_PROFILES: tuple[str, ...] = ("fibre", "slow-4g")
 # NB-IoT moves 26-62 kbit/s: a dense LeNet step takes minutes there, so its runs are bounded.
 SLOW_PROFILE_STEPS = {"nb-iot": 3}

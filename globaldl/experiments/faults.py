@@ -64,7 +64,9 @@ class FaultInjector:
             name = f"{self.prefix}-{fault.device}"
             record: dict[str, Any] = {"action": fault.action, "device": name, "at": time.time()}
             try:
-                getattr(self.fleet, fault.action)(name)
+                outcome = getattr(self.fleet, fault.action)(name)
+                if outcome is not None:  # a measurement
+                    record["result"] = outcome
             except Exception as error:  # recorded; the run's own outcome tells the rest
                 record["error"] = str(error)
             record["done_at"] = time.time()

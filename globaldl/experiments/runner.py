@@ -50,7 +50,7 @@ from globaldl.experiments.progress import RunClock, ScheduledRun, earlier_run_se
 from globaldl.experiments.results import RunResult, load_results, portable
 from globaldl.experiments.spec import FleetConfig, RunSpec
 from globaldl.fleet.fleet import Fleet, FleetLockTimeoutError
-from globaldl.fleet.plan import FleetPlan, plan_fleet
+from globaldl.fleet.plan import FleetPlan, plan_from_options
 from globaldl.fleet.profiles import (
     DEFAULT_PROFILES_PATH,
     LinkProfile,
@@ -155,8 +155,14 @@ class ExperimentRunner:
 
     def plan_fleet(self, fleet: FleetConfig) -> FleetPlan:
         """The fleet plan for a config, validated (CPU and memory must fit the machine)."""
-        return plan_fleet(
-            device_profiles(self.profiles, devices=fleet.devices, profile=fleet.profile),
+        sites = (
+            {"sites": fleet.sites, "lan": fleet.lan, "wan": fleet.profile} if fleet.sites else {}
+        )
+        return plan_from_options(
+            self.profiles,
+            devices=fleet.devices,
+            profile=None if fleet.sites else fleet.profile,
+            **sites,
             prefix=self.prefix,
             subnet=self.subnet,
             cpu_cores=fleet.cpu_cores_per_device if fleet.cpu_cores_each is None else None,

@@ -33,6 +33,8 @@ TRANSMIT_BYTES = "globaldl_device_network_transmit_bytes_total"
 RECEIVE_BYTES = "globaldl_device_network_receive_bytes_total"
 STEPS = "globaldl_steps_total"
 _WANTED = (CPU_SECONDS, RESIDENT_MEMORY_BYTES, TRANSMIT_BYTES, RECEIVE_BYTES, STEPS)
+# Scrapes come every ~1 s; a rate over a window under half of that is mostly timing noise.
+MIN_RATE_WINDOW_SECONDS = 0.5
 
 
 def parse_exposition(text: str) -> dict[str, float]:
@@ -86,7 +88,22 @@ class DeviceScrapes:
             network_transmit_bytes=last.values[TRANSMIT_BYTES] - first.values[TRANSMIT_BYTES],
             network_receive_bytes=last.values[RECEIVE_BYTES] - first.values[RECEIVE_BYTES],
             scrape_response_bytes=sum(s.response_bytes for s in usable[1:]),
+            network_transmit_peak_bits_per_second=_peak_rate(usable, TRANSMIT_BYTES),
         )
+
+
+def _peak_rate(scrapes: list[Scrape], counter: str) -> float | None:
+    """The highest rate of `counter` (bytes) between two consecutive scrapes, in bit/s.
+
+    Scrapes closer than half the scrape interval are skipped: a late and an early scrape would
+    make a short window and an inflated rate.
+    """
+    rates = [
+        (later.values[counter] - earlier.values[counter]) * 8 / (later.seconds - earlier.seconds)
+        for earlier, later in zip(scrapes, scrapes[1:], strict=False)
+        if later.seconds - earlier.seconds >= MIN_RATE_WINDOW_SECONDS
+    ]
+    return max(rates, default=None)
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,8 @@ class DeviceResources:
     network_transmit_bytes: float
     network_receive_bytes: float
     scrape_response_bytes: int
+    # The device's busiest window between two scrapes: what its link delivered at best.
+    network_transmit_peak_bits_per_second: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -57,14 +57,21 @@ def load_columns(result: RunResult) -> dict[str, Any]:
 def link_notes(results: Sequence[RunResult]) -> str:
     """What the fleet emulated and what it did not (latency), and the cycle times used."""
     emulated = {result.latency_emulated for result in results}
-    if emulated == {True}:
-        latency = "Latency, jitter and loss of the profiles were emulated with tc netem."
+    delayed = any(result.link.impaired for result in results)
+    if not delayed:
+        latency = "The links shape rates only (tc tbf, layer-2 bytes); no profile adds delay."
+    elif emulated == {True}:
+        latency = (
+            "Delay, jitter and loss of the profiles were emulated in user space (vde2 wirefilter "
+            "between switches; globaldl/fleet/vde.py), rates shaped with tc tbf; the forwarding "
+            "processes ran in the fleet's `emulation` cgroup, outside the devices' CPU quotas."
+        )
     else:
         latency = (
-            "**Latency is NOT emulated**: this kernel has no tc netem, so the fleet was brought up "
-            "with `--latency auto` and shapes link RATES only (tc tbf, layer-2 bytes). Profiles "
-            "keep their names, but no one-way latency, jitter or loss was added; on real links "
-            "every collective also pays the round trips."
+            "**Delay is NOT emulated in every run**: where the fleet could not emulate links "
+            "(column `latency_emulated` false) it shaped RATES only (tc tbf, layer-2 bytes). "
+            "Profiles keep their names, but no one-way delay, jitter or loss was added there; "
+            "results from before the links carried delay (vde2) are of that kind."
         )
     cycles = sorted({result.cycle_time_ms for result in results})
     cycle_text = ", ".join(f"{value:g} ms" for value in cycles) or "none"

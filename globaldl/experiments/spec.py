@@ -95,15 +95,16 @@ class FleetConfig:
         }
 
 
-FAULT_ACTIONS: tuple[str, ...] = ("kill", "revive")
+FAULT_ACTIONS: tuple[str, ...] = ("kill", "revive", "measure")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """Something done to one device while a run goes on: `globaldl fleet kill` or `revive`.
+    """Something done to one device while a run goes on: `fleet kill`, `revive` or `measure`.
 
-    It fires `delay_seconds` after the first line of the run's output (read in order, after
-    the previous fault's trigger) that matches the regex `after_line`.
+    `measure` probes the device's path to the core (round trip, loss, rate) and records the
+    result with the fault. A fault fires `delay_seconds` after the first line of the run's
+    output (read in order, after the previous fault's trigger) that matches `after_line`.
     """
 
     action: str
@@ -113,7 +114,9 @@ class Fault:
 
     def __post_init__(self) -> None:
         if self.action not in FAULT_ACTIONS:
-            raise ValueError(f"fault action {self.action!r} is not one of: kill, revive")
+            raise ValueError(
+                f"fault action {self.action!r} is not one of: {', '.join(FAULT_ACTIONS)}"
+            )
         if isinstance(self.device, bool) or not isinstance(self.device, int) or self.device < 1:
             raise ValueError(f"fault device must be a device number >= 1, got {self.device!r}")
         if not self.delay_seconds >= 0:

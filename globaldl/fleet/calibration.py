@@ -90,12 +90,13 @@ def measure_calibration(
     """
     from globaldl.fleet.fleet import DEVICE_INTERFACE
     from globaldl.fleet.launcher import run_on_fleet
+    from globaldl.fleet.request import ProgramRequest
 
     with tempfile.TemporaryDirectory(prefix="gdl-coordination-") as directory:
+        probe = probe_argv(Path(directory), settle_seconds, idle_seconds, DEVICE_INTERFACE)
         result = run_on_fleet(
             fleet,
-            probe_argv(Path(directory), settle_seconds, idle_seconds, DEVICE_INTERFACE),
-            run_id=run_id,
+            ProgramRequest(tuple(probe), run_id=run_id),
             timeout_seconds=idle_seconds + settle_seconds + 300,
             env=_environment(cycle_time_ms),
         )

@@ -15,6 +15,12 @@ CONTROLLERS = ("cpu", "memory")
 # Counts the CPU time of a group and its children (cpuacct.usage); the machine-load record of
 # the experiments reads it. Where cpu and cpuacct share a hierarchy the cpu group counts.
 ACCOUNTING_CONTROLLER = "cpuacct"
+# User-space link emulation (vde_switch, wirefilter) runs in `<prefix>-fleet/emulation`, never in
+# a device's group: its CPU is the network's, counted apart (cpuacct) and outside device quotas.
+EMULATION_GROUP = "emulation"
+# Forwarding stands for the network, which on real devices costs them no CPU: weigh it far above
+# any device group (1024 each) so that a busy fleet does not delay its own packets. No quota.
+EMULATION_CPU_SHARES = 16384
 
 
 def cgroup_v1_mount(controller: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> Path:
@@ -96,6 +102,20 @@ def set_cpu_limit(group: Path, cpu_cores: float) -> None:
     """Hold the group's processes to `cpu_cores` cores in every 100 ms period."""
     (group / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_MICROSECONDS))
     (group / "cpu.cfs_quota_us").write_text(str(cpu_quota_microseconds(cpu_cores)))
+
+
+def set_cpu_shares(group: Path, shares: int) -> None:
+    """Weigh the group against its siblings when the CPU is contended (cgroup v1 cpu.shares)."""
+    (group / "cpu.shares").write_text(str(shares))
+
+
+def emulation_cpu_seconds(prefix: str) -> float | None:
+    """CPU seconds a fleet's link emulation used so far; None when its group does not exist."""
+    try:
+        cpu_group = cgroup_v1_mount("cpu") / f"{prefix}-fleet" / EMULATION_GROUP
+        return cpu_seconds(accounting_group(cpu_group))
+    except ValueError:
+        return None
 
 
 def set_memory_limit(group: Path, memory_bytes: int) -> None:

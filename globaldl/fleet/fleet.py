@@ -4,24 +4,50 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import ipaddress
-import json
 import os
-import shutil
-import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from globaldl.fleet import cgroups, sshd
-from globaldl.fleet.plan import DeviceSpec, FleetPlan
-from globaldl.fleet.shaping import LinkDirection, apply_shaping, probe_netem, read_qdiscs
+from globaldl.fleet import cgroups, sshd, vde
+from globaldl.fleet.build import (
+    create_fleet,
+    device_authorized_keys,
+    host_round_trip_ms,
+    install_neighbours,
+    start_sshd,
+)
+from globaldl.fleet.errors import FleetError
+from globaldl.fleet.host import (
+    check_state_dir_is_private,
+    check_subnet_is_free,
+    host_networks,
+    read_interface_counters,
+    require_root,
+)
+from globaldl.fleet.links import DEVICE_INTERFACE
+from globaldl.fleet.paths import HOST
+from globaldl.fleet.plan import FleetPlan
+from globaldl.fleet.profiles import LinkProfile
+from globaldl.fleet.shaping import read_qdiscs
 from globaldl.fleet.state import DEFAULT_STATE_DIR, DeviceState, FleetState
-from globaldl.fleet.system import CommandError, is_same_process, kill_processes, run
+from globaldl.fleet.system import kill_processes, run
+from globaldl.fleet.teardown import device_pids, emulation_pids, sshd_alive, teardown
 
-DEVICE_INTERFACE = "eth0"
+# Re-exported: tests and the launcher read these through the fleet module.
+__all__ = [
+    "Fleet",
+    "FleetError",
+    "FleetLockTimeoutError",
+    "LinkEmulationUnavailableError",
+    "device_authorized_keys",
+    "emulation_cpu_seconds",
+    "host_networks",
+    "read_interface_counters",
+]
+
 LOCK_TIMEOUT_SECONDS = 120.0
 Log = Callable[[str], None]
 _Params = ParamSpec("_Params")
@@ -31,16 +57,12 @@ _Result = TypeVar("_Result")
 LATENCY_MODES: tuple[str, ...] = ("auto", "require", "off")
 
 
-class FleetError(RuntimeError):
-    """The system refused a fleet operation (after any rollback has run)."""
-
-
 class FleetLockTimeoutError(FleetError):
-    """Another fleet operation under the same parent directory held the lock too long."""
+    """Another fleet operation on the same state dir held its lock too long."""
 
 
-class NetemUnavailableError(ValueError):
-    """A profile needs latency or loss emulation, and this kernel has no tc netem."""
+class LinkEmulationUnavailableError(ValueError):
+    """A profile asks for delay, jitter or loss, and this machine cannot emulate them."""
 
 
 def _quiet(_: str) -> None:
@@ -63,10 +85,13 @@ def _serialised(method: Callable[_Params, _Result]) -> Callable[_Params, _Result
 class Fleet:
     """One emulated fleet, identified by its state directory.
 
-    Each device is a network namespace named after it, joined to a bridge by a veth pair
-    (`eth0` inside); its uplink is shaped on `eth0`, its downlink on the host end of the pair.
-    Its processes are held to a CPU quota and memory limit (cgroup v1), and it runs its own
-    sshd with its own host name so horovodrun reaches it as it reaches a real host.
+    Each device is a network namespace named after it, joined to a bridge by its access link
+    (`eth0` inside; globaldl/fleet/links.py): a veth pair, or a vde2 chain where the profile
+    adds delay, jitter or loss. Its uplink is shaped on `eth0`, its downlink on the bridge end.
+    With sites, a device's bridge is its site's LAN, joined to the core bridge by the site's
+    shared WAN link. Each device's processes are held to a CPU quota and memory limit (cgroup
+    v1), and it runs its own sshd with its own host name so horovodrun reaches it as it reaches
+    a real host.
 
     Example:
         >>> fleet = Fleet(Path("/run/globaldl-fleet"))
@@ -97,29 +122,42 @@ class Fleet:
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
-        """Hold an exclusive flock on the state dir's parent while the state changes.
+        """Hold an exclusive flock on this state dir's lock file while the state changes.
 
         Two `up`s into one state dir would otherwise both find no state and overwrite each
-        other's journal. The lock is on the parent because the state dir itself comes and goes.
+        other's journal. The lock file sits beside the state dir (which itself comes and goes),
+        one per state dir, so fleets in other state dirs never wait for this one: an `up` on
+        slow links waits minutes for its logins. The holder removes the file; a waiter that
+        then finds its file gone or replaced starts over.
         """
         parent = self.state_dir.parent
         parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            deadline = time.monotonic() + LOCK_TIMEOUT_SECONDS
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path = parent / f".{self.state_dir.name}.lock"
+        deadline = time.monotonic() + LOCK_TIMEOUT_SECONDS
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise FleetLockTimeoutError(
+                                f"another fleet operation on {self.state_dir} has held {path} "
+                                f"for {LOCK_TIMEOUT_SECONDS:g} s"
+                            ) from None
+                        time.sleep(0.1)
+                if _same_file(fd, path):
                     break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise FleetLockTimeoutError(
-                            f"another fleet operation has held the lock on {parent} for "
-                            f"{LOCK_TIMEOUT_SECONDS:g} s"
-                        ) from None
-                    time.sleep(0.1)
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        try:
             yield
         finally:
+            path.unlink(missing_ok=True)
             os.close(fd)
 
     @property
@@ -132,16 +170,17 @@ class Fleet:
     @_serialised
     def up(self, plan: FleetPlan, *, latency: str = "auto", log: Log = _quiet) -> FleetState:
         """Create the planned fleet; on any failure remove everything created so far and raise."""
-        _require_root()
+        require_root()
         if self.state() is not None:
             raise ValueError(
                 f"a fleet is already up in {self.state_dir}; run `globaldl fleet down` first"
             )
-        _check_state_dir_is_private(self.state_dir)
+        check_state_dir_is_private(self.state_dir)
         for controller in cgroups.CONTROLLERS:
             cgroups.cgroup_v1_mount(controller)
-        _check_subnet_is_free(plan.subnet)
-        netem_available = self._check_netem(plan, latency, log)
+        check_subnet_is_free(plan.subnet)
+        emulator_available, emulator = self._check_link_emulation(plan, latency, log)
+        emulate = emulator_available and latency != "off"
 
         state_dir_existed = self.state_dir.exists()
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -152,17 +191,18 @@ class Fleet:
             host_address=plan.host_address,
             state_dir=str(self.state_dir),
             identity_file=str(self.identity_file),
-            netem_available=netem_available,
-            latency_emulated=netem_available and any(d.profile.needs_netem for d in plan.devices),
+            emulator=emulator,
+            emulator_available=emulator_available,
+            latency_emulated=emulate and any(profile.impaired for profile in _profiles(plan)),
         )
         state.save()
         try:
             if not state_dir_existed:
                 state.record("directory", path=str(self.state_dir), remove="tree")
-            self._create(state, plan, log)
+            create_fleet(state, plan, emulate=emulate, identity_file=self.identity_file, log=log)
         except BaseException as error:
             log(f"fleet up failed ({error}); rolling back")
-            leftovers = self._teardown(state, log)
+            leftovers = teardown(state, log)
             message = f"fleet up failed: {error}"
             message += (
                 f"; rollback could not remove: {leftovers}"
@@ -174,201 +214,32 @@ class Fleet:
             raise FleetError(message) from error
         return state
 
-    def _check_netem(self, plan: FleetPlan, latency: str, log: Log) -> bool:
-        """Decide whether the profiles' latency, jitter and loss are emulated.
+    def _check_link_emulation(self, plan: FleetPlan, latency: str, log: Log) -> tuple[bool, str]:
+        """Decide whether the profiles' delay, jitter and loss are emulated.
 
-        `auto` emulates them where the kernel has netem and otherwise shapes rates only, saying
-        so loudly (and `status` keeps saying so); `require` refuses to run without netem;
-        `off` shapes rates only.
+        `auto` emulates them where vde2 is installed and otherwise shapes rates only, saying so
+        loudly (and `status` keeps saying so); `require` refuses to run without emulation;
+        `off` shapes rates only. Returns (available, what emulates or why nothing can).
         """
         if latency not in LATENCY_MODES:
             raise ValueError(f"latency {latency!r} is not one of: {', '.join(LATENCY_MODES)}")
-        needing = sorted({d.profile.name for d in plan.devices if d.profile.needs_netem})
-        if not needing or latency == "off":
-            return False
-        probe = probe_netem()
-        if probe.available:
-            return True
+        available, detail = vde.availability()
+        needing = sorted({p.name for p in _profiles(plan) if p.impaired})
+        if not needing or latency == "off" or available:
+            return available, detail
         if latency == "require":
-            raise NetemUnavailableError(
-                f"profile(s) {', '.join(needing)} need latency/jitter/loss emulation, but tc netem "
-                f"is unavailable on this kernel ({probe.detail}). Use --latency auto or off to "
-                "shape the RATES ONLY (latency, jitter and loss will NOT be emulated), a profile "
-                "without latency (e.g. custom:UP:DOWN), or a kernel with sch_netem "
-                "(modprobe sch_netem)."
+            raise LinkEmulationUnavailableError(
+                f"profile(s) {', '.join(needing)} need delay/jitter/loss emulation, but it is "
+                f"unavailable here: {detail}. Use --latency auto or off to shape the RATES ONLY "
+                "(delay, jitter and loss will NOT be emulated), or a profile without delay "
+                "(e.g. custom:UP:DOWN)."
             )
         log(
-            f"WARNING: tc netem is unavailable on this kernel ({probe.detail}): shaping RATES "
-            f"ONLY. Latency, jitter and loss of {', '.join(needing)} are NOT emulated "
-            "(--latency require refuses instead)."
+            f"WARNING: link emulation is unavailable ({detail}): shaping RATES ONLY. Delay, "
+            f"jitter and loss of {', '.join(needing)} are NOT emulated (--latency require "
+            "refuses instead)."
         )
-        return False
-
-    def _create(self, state: FleetState, plan: FleetPlan, log: Log) -> None:
-        ssh_dir = self.state_dir / "ssh"
-        devices_dir = self.state_dir / "devices"
-        for directory in (ssh_dir, devices_dir):
-            if not directory.exists():
-                directory.mkdir(mode=0o700)
-                state.record("directory", path=str(directory), remove="tree")
-        sshd.generate_key(self.identity_file, f"globaldl-fleet-{plan.prefix}")
-        authorized_keys = ssh_dir / "authorized_keys"
-        authorized_keys.write_text(Path(f"{self.identity_file}.pub").read_text())
-        authorized_keys.chmod(0o600)
-        if sshd.ensure_privilege_separation_dir():
-            state.record("directory", path="/run/sshd", remove="sshd_privsep")
-        netns_etc = Path("/etc/netns")
-        if not netns_etc.exists():
-            netns_etc.mkdir(mode=0o755)
-            state.record("directory", path=str(netns_etc), remove="if_empty")
-        known_hosts = sshd.known_hosts_path()
-        state.record(
-            "known_hosts",
-            path=str(known_hosts),
-            file_existed=known_hosts.exists(),
-            dir_existed=known_hosts.parent.exists(),
-        )
-
-        run(["ip", "link", "add", plan.bridge, "type", "bridge"])
-        state.record("bridge", name=plan.bridge)
-        run(["ip", "addr", "add", f"{plan.host_address}/{plan.prefix_length}", "dev", plan.bridge])
-        run(["ip", "link", "set", plan.bridge, "up"])
-
-        group_parent = f"{plan.prefix}-fleet"
-        for controller in cgroups.fleet_controllers():
-            path = cgroups.create_group(controller, group_parent)
-            state.record("cgroup", path=str(path))
-
-        for spec in plan.devices:
-            log(f"creating {spec.name} ({spec.address}, {spec.profile.name})")
-            device = self._create_device(
-                state, plan, spec, group_parent, devices_dir / spec.name, authorized_keys
-            )
-            state.devices.append(device)
-            state.save()
-        for device in state.devices:
-            sshd.wait_for_login(device.address, self.identity_file, device.name)
-            device.status = "up"
-        state.phase = "up"
-        state.save()
-
-    def _create_device(
-        self,
-        state: FleetState,
-        plan: FleetPlan,
-        spec: DeviceSpec,
-        group_parent: str,
-        device_dir: Path,
-        authorized_keys: Path,
-    ) -> DeviceState:
-        netns = spec.name
-        if Path(f"/run/netns/{netns}").exists():
-            raise FleetError(f"network namespace {netns} already exists; choose another --prefix")
-        # Journaled before it exists: a `fleet up` killed while `ip netns add` runs would
-        # otherwise leave a namespace no state knows (undo skips one that never came).
-        state.record("netns", name=netns)
-        run(["ip", "netns", "add", netns])
-        run(["ip", "-n", netns, "link", "set", "lo", "up"])
-        run(
-            [
-                "ip",
-                "link",
-                "add",
-                spec.host_interface,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                DEVICE_INTERFACE,
-                "netns",
-                netns,
-            ]
-        )
-        state.record("link", name=spec.host_interface)
-        run(["ip", "link", "set", spec.host_interface, "master", plan.bridge, "up"])
-        run(
-            [
-                "ip",
-                "-n",
-                netns,
-                "addr",
-                "add",
-                f"{spec.address}/{plan.prefix_length}",
-                "dev",
-                DEVICE_INTERFACE,
-            ]
-        )
-        run(["ip", "-n", netns, "link", "set", DEVICE_INTERFACE, "up"])
-        # The host is the device's gateway, so horovodrun's driver is reachable on any of the
-        # host's addresses. The fleet never enables forwarding or NAT: nothing leaves the machine.
-        run(["ip", "-n", netns, "route", "add", "default", "via", plan.host_address])
-        _shape(spec, netns, state.netem_available)
-
-        etc_dir = Path("/etc/netns") / netns
-        etc_dir.mkdir(mode=0o755)
-        state.record("directory", path=str(etc_dir), remove="tree")
-        # `ip netns exec` bind-mounts this over /etc/hosts: each device resolves its own name
-        # (Gloo falls back to the host name) and every other device's.
-        hosts_lines = [
-            "127.0.0.1 localhost",
-            "::1 localhost ip6-localhost ip6-loopback",
-            f"{plan.host_address} {plan.prefix}-host",
-        ]
-        hosts_lines += [f"{other.address} {other.name}" for other in plan.devices]
-        (etc_dir / "hosts").write_text("\n".join(hosts_lines) + "\n")
-        # The device's own /etc/hostname, as a real device has: provisioning may set it without
-        # touching this machine's.
-        (etc_dir / "hostname").write_text(f"{spec.name}\n")
-
-        groups = {}
-        for controller in cgroups.fleet_controllers():
-            group = cgroups.create_group(controller, f"{group_parent}/{spec.name}")
-            state.record("cgroup", path=str(group))
-            groups[controller] = group
-        cpu_group, memory_group = groups["cpu"], groups["memory"]
-        cgroups.set_cpu_limit(cpu_group, spec.cpu_cores)
-        cgroups.set_memory_limit(memory_group, spec.memory_bytes)
-
-        device_dir.mkdir(mode=0o700)
-        host_key = device_dir / "ssh_host_ed25519_key"
-        host_key_public = sshd.generate_key(host_key, f"{spec.name}-host")
-        config = device_dir / "sshd_config"
-        config.write_text(
-            sshd.sshd_config_text(
-                spec.address,
-                host_key,
-                [authorized_keys, device_authorized_keys(device_dir)],
-                device_dir / "sshd.pid",
-            )
-        )
-        device = DeviceState(
-            name=spec.name,
-            address=spec.address,
-            host_interface=spec.host_interface,
-            profile=spec.profile,
-            cpu_cores=spec.cpu_cores,
-            memory_bytes=spec.memory_bytes,
-            cpu_group=str(cpu_group),
-            memory_group=str(memory_group),
-            host_key_public=host_key_public,
-        )
-        self._start_sshd(device)
-        return device
-
-    def _start_sshd(self, device: DeviceState) -> None:
-        device_dir = self.state_dir / "devices" / device.name
-        device.sshd_pid, device.sshd_start_ticks = sshd.start_sshd(
-            device.name,
-            device.name,
-            device_dir / "sshd_config",
-            device_dir / "sshd.log",
-            [
-                str(group)
-                for group in cgroups.groups_to_join(
-                    Path(device.cpu_group), Path(device.memory_group)
-                )
-            ],
-        )
+        return available, detail
 
     # ------------------------------------------------------------------ down
 
@@ -380,40 +251,16 @@ class Fleet:
         naming what could not be removed (the state file then still lists it, so a second
         `down` retries).
         """
-        _require_root()
+        require_root()
         state = self.state()
         if state is None:
             return False
-        leftovers = self._teardown(state, log)
+        leftovers = teardown(state, log)
         if leftovers:
             raise FleetError(
                 f"fleet down could not remove: {leftovers}; run `globaldl fleet down` again"
             )
         return True
-
-    def _teardown(self, state: FleetState, log: Log) -> list[str]:
-        """Kill the fleet's processes, undo the journal newest first; return what stayed."""
-        kill_processes(_fleet_pids(state))
-        failures: list[str] = []
-        for resource in reversed(list(state.resources)):
-            try:
-                _undo(resource, state)
-            except (OSError, CommandError, RuntimeError) as error:
-                failures.append(
-                    f"{resource['kind']} {resource.get('name') or resource.get('path')}: {error}"
-                )
-                continue
-            state.resources.remove(resource)
-            if state.path.parent.exists():
-                state.save()
-        if failures:
-            if state.path.parent.exists():
-                state.save()
-            for failure in failures:
-                log(f"could not remove {failure}")
-            return failures
-        state.path.unlink(missing_ok=True)
-        return []
 
     # ------------------------------------------------------- inspect/disturb
 
@@ -428,7 +275,9 @@ class Fleet:
                 "address": device.address,
                 "status": device.status,
                 "profile": device.profile.get_config(),
-                "sshd_alive": _sshd_alive(device),
+                "site": device.site,
+                "link": device.link,
+                "sshd_alive": sshd_alive(device),
                 "namespace_exists": namespace_exists,
             }
             try:
@@ -442,21 +291,44 @@ class Fleet:
                 entry["downlink_qdiscs"] = read_qdiscs(device.host_interface)
                 entry["counters"] = read_interface_counters(device.name)
             devices.append(entry)
+        sites = []
+        for site in state.sites:
+            site_entry: dict[str, Any] = {**site.to_dict(), "bridge_exists": False}
+            if Path(f"/sys/class/net/{site.bridge}").exists():
+                site_entry["bridge_exists"] = True
+                site_entry["uplink_qdiscs"] = read_qdiscs(site.uplink_interface)
+                site_entry["downlink_qdiscs"] = read_qdiscs(site.core_interface)
+            sites.append(site_entry)
         return {
             "state_dir": state.state_dir,
             "phase": state.phase,
             "bridge": state.bridge,
             "host_address": state.host_address,
             "subnet": state.subnet,
-            "netem_available": state.netem_available,
+            "emulator": state.emulator,
+            "emulator_available": state.emulator_available,
             "latency_emulated": state.latency_emulated,
+            "emulation": self.emulation_usage(state),
             "identity_file": state.identity_file,
+            "site_map": str(state.site_map_path) if state.site_map_path else None,
+            "sites": sites,
             "devices": devices,
+        }
+
+    def emulation_usage(self, state: FleetState | None = None) -> dict[str, Any]:
+        """The link emulation's processes and the CPU they used so far (out of device quotas)."""
+        state = state or self.require_state()
+        recorded = [r for r in state.resources if r["kind"] == "process"]
+        return {
+            "cgroup": f"{state.prefix}-fleet/{cgroups.EMULATION_GROUP}",
+            "processes_recorded": len(recorded),
+            "processes_alive": len(emulation_pids(state)),
+            "cpu_seconds": emulation_cpu_seconds(state),
         }
 
     def live_devices(self) -> list[DeviceState]:
         """Devices that are up and whose sshd is running."""
-        return [d for d in self.require_state().devices if d.status == "up" and _sshd_alive(d)]
+        return [d for d in self.require_state().devices if d.status == "up" and sshd_alive(d)]
 
     def hosts(self) -> list[str]:
         """`ADDR:1` per live device: a Horovod host list, and Elastic host-discovery output."""
@@ -467,17 +339,23 @@ class Fleet:
         state = self.require_state()
         pids: set[int] = set()
         for device in state.devices:
-            pids |= _device_pids(device) - {device.sshd_pid}
+            pids |= device_pids(device) - {device.sshd_pid}
         kill_processes(pids)
         return sorted(pids)
+
+    def measure(self, name: str) -> dict[str, Any]:
+        """Round trip, loss and rate of a device's path to the core (see linkcheck.py)."""
+        from globaldl.fleet.linkcheck import measure_path
+
+        return measure_path(self.require_state(), name, HOST, probes=50)
 
     @_serialised
     def kill(self, name: str) -> None:
         """Make a device fail: kill everything running on it and take its link down."""
-        _require_root()
+        require_root()
         state = self.require_state()
         device = state.device(name)
-        kill_processes(_device_pids(device))
+        kill_processes(device_pids(device))
         run(["ip", "-n", device.name, "link", "set", DEVICE_INTERFACE, "down"])
         run(["ip", "link", "set", device.host_interface, "down"])
         device.status, device.sshd_pid, device.sshd_start_ticks = "killed", None, None
@@ -486,19 +364,25 @@ class Fleet:
     @_serialised
     def revive(self, name: str) -> None:
         """Bring a killed device back: link up, default route, sshd, login check."""
-        _require_root()
+        require_root()
         state = self.require_state()
         device = state.device(name)
-        if device.status == "up" and _sshd_alive(device):
+        if device.status == "up" and sshd_alive(device):
             return
         run(["ip", "link", "set", device.host_interface, "up"])
         run(["ip", "-n", device.name, "link", "set", DEVICE_INTERFACE, "up"])
-        # Taking eth0 down dropped the default route through it.
+        # Taking eth0 down dropped the default route through it, and its neighbour entries.
         run(["ip", "-n", device.name, "route", "replace", "default", "via", state.host_address])
-        if not _sshd_alive(device):
-            self._start_sshd(device)
+        install_neighbours(state, [device])
+        if not sshd_alive(device):
+            start_sshd(self.state_dir, device)
         state.save()
-        sshd.wait_for_login(device.address, Path(state.identity_file), device.name)
+        sshd.wait_for_login(
+            device.address,
+            Path(state.identity_file),
+            device.name,
+            host_round_trip_ms(state, device),
+        )
         device.status = "up"
         state.save()
 
@@ -506,166 +390,19 @@ class Fleet:
 # --------------------------------------------------------------------- helpers
 
 
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        raise PermissionError(
-            "the fleet creates namespaces, links, qdiscs and cgroups: run it as root"
-        )
+def _same_file(fd: int, path: Path) -> bool:
+    """True while `path` still names the file open as `fd` (not removed, not replaced)."""
+    try:
+        return os.fstat(fd).st_ino == path.stat().st_ino
+    except FileNotFoundError:
+        return False
 
 
-def _check_state_dir_is_private(state_dir: Path) -> None:
-    """Sshd (StrictModes) refuses keys below group/world-writable directories; say so up front."""
-    for directory in [state_dir, *state_dir.parents]:
-        if not directory.exists():
-            continue
-        info = directory.stat()
-        if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise ValueError(
-                f"state dir {state_dir}: {directory} is not owned by root or is "
-                "group/world-writable, and sshd refuses keys kept below it; use a root-owned path "
-                f"such as {DEFAULT_STATE_DIR}"
-            )
+def emulation_cpu_seconds(state: FleetState) -> float | None:
+    """CPU seconds the fleet's link emulation used so far (cpuacct), None without the group."""
+    return cgroups.emulation_cpu_seconds(state.prefix)
 
 
-def host_networks() -> list[tuple[ipaddress.IPv4Network, str]]:
-    """Every IPv4 network this host has an address in or a route to, with what owns it."""
-    found = []
-    for entry in json.loads(run(["ip", "-j", "-4", "addr", "show"]).stdout or "[]"):
-        for address in entry.get("addr_info", []):
-            interface = ipaddress.ip_interface(f"{address['local']}/{address['prefixlen']}")
-            found.append((interface.network, f"{interface} on {entry['ifname']}"))
-    for route in json.loads(run(["ip", "-j", "-4", "route", "show"]).stdout or "[]"):
-        destination = route.get("dst", "default")
-        if destination != "default":
-            found.append(
-                (
-                    ipaddress.ip_network(destination, strict=False),
-                    f"route {destination} via {route.get('dev')}",
-                )
-            )
-    return found
-
-
-def _check_subnet_is_free(subnet: str) -> None:
-    """Refuse a subnet that overlaps any address or route the host already has."""
-    network = ipaddress.ip_network(subnet)
-    for used, owner in host_networks():
-        if used.overlaps(network):
-            raise ValueError(f"subnet {subnet} clashes with {owner}; choose another --subnet")
-
-
-def _shape(spec: DeviceSpec, netns: str, netem_available: bool) -> None:
-    profile = spec.profile if netem_available else spec.profile.rates_only()
-    delay = {
-        "one_way_latency_ms": profile.one_way_latency_ms,
-        "jitter_ms": profile.jitter_ms,
-        "loss_percent": profile.loss_percent,
-    }
-    apply_shaping(DEVICE_INTERFACE, LinkDirection(profile.up_kbit_per_second, **delay), netns=netns)
-    apply_shaping(spec.host_interface, LinkDirection(profile.down_kbit_per_second, **delay))
-
-
-def device_authorized_keys(device_dir: Path) -> Path:
-    """The device's own authorized_keys file (read by its sshd after the fleet's shared one)."""
-    return device_dir / "authorized_keys"
-
-
-def read_interface_counters(netns: str, interface: str = DEVICE_INTERFACE) -> dict[str, int]:
-    """rx/tx bytes and packets of a device's interface, read inside its namespace."""
-    entries = json.loads(
-        run(["ip", "-n", netns, "-j", "-s", "link", "show", "dev", interface]).stdout
-    )
-    stats = entries[0]["stats64"]
-    return {
-        "rx_bytes": stats["rx"]["bytes"],
-        "tx_bytes": stats["tx"]["bytes"],
-        "rx_packets": stats["rx"]["packets"],
-        "tx_packets": stats["tx"]["packets"],
-    }
-
-
-def _sshd_alive(device: DeviceState) -> bool:
-    return (
-        device.sshd_pid is not None
-        and device.sshd_start_ticks is not None
-        and is_same_process(device.sshd_pid, device.sshd_start_ticks)
-    )
-
-
-def _netns_pids(name: str) -> list[int]:
-    if not Path(f"/run/netns/{name}").exists():
-        return []
-    completed = run(["ip", "netns", "pids", name], check=False)
-    return [int(pid) for pid in completed.stdout.split()]
-
-
-def _device_pids(device: DeviceState) -> set[int]:
-    pids = set(_netns_pids(device.name))
-    for group in (device.cpu_group, device.memory_group):
-        pids.update(cgroups.group_pids(Path(group)))
-    if _sshd_alive(device) and device.sshd_pid is not None:
-        pids.add(device.sshd_pid)
-    return pids
-
-
-def _fleet_pids(state: FleetState) -> set[int]:
-    pids: set[int] = set()
-    for device in state.devices:
-        pids |= _device_pids(device)
-    for resource in state.resources:
-        if resource["kind"] == "netns":
-            pids.update(_netns_pids(resource["name"]))
-        elif resource["kind"] == "cgroup":
-            pids.update(cgroups.group_pids(Path(resource["path"])))
-    return pids
-
-
-def _undo(resource: dict[str, Any], state: FleetState) -> None:
-    kind = resource["kind"]
-    if kind == "netns":
-        kill_processes(_netns_pids(resource["name"]))
-        if Path(f"/run/netns/{resource['name']}").exists():
-            run(["ip", "netns", "del", resource["name"]])
-    elif kind in ("link", "bridge"):
-        if Path(f"/sys/class/net/{resource['name']}").exists():
-            run(["ip", "link", "del", resource["name"]])
-    elif kind == "cgroup":
-        cgroups.remove_group(Path(resource["path"]))
-    elif kind == "directory":
-        _remove_directory(Path(resource["path"]), resource["remove"])
-    elif kind == "known_hosts":
-        path = Path(resource["path"])
-        sshd.forget_host_keys(path, [device.host_key_public for device in state.devices])
-        if not resource["file_existed"] and path.exists() and not path.read_text().strip():
-            path.unlink()
-        if not resource["dir_existed"] and path.parent.exists() and not any(path.parent.iterdir()):
-            path.parent.rmdir()
-    else:
-        raise RuntimeError(f"unknown resource kind {kind!r} in the state file")
-
-
-def _remove_directory(path: Path, mode: str) -> None:
-    if not path.exists():
-        return
-    if mode == "tree":
-        shutil.rmtree(path)
-    elif mode == "if_empty":
-        if not any(path.iterdir()):
-            path.rmdir()
-    elif mode == "sshd_privsep":
-        # Another sshd (the system's, another fleet's) still needs its chroot directory.
-        if not any(path.iterdir()) and not _any_sshd_running():
-            path.rmdir()
-    else:
-        raise RuntimeError(f"unknown directory removal mode {mode!r}")
-
-
-def _any_sshd_running() -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.readlink(entry / "exe") == sshd.SSHD:
-                    return True
-            except OSError:
-                continue
-    return False
+def _profiles(plan: FleetPlan) -> list[LinkProfile]:
+    """Every link profile of a plan: the devices' and the sites' WAN links."""
+    return [d.profile for d in plan.devices] + [site.wan for site in plan.sites]

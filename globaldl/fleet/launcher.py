@@ -205,6 +205,7 @@ def run_on_fleet(
     network_interface: str | None = None,
     env: dict[str, str] | None = None,
     elastic: ElasticOptions | None = None,
+    reach_timeout_seconds: float = REACH_TIMEOUT_SECONDS,
 ) -> FleetRunResult:
     """Launch the request on every live device, then compare interface counters with the summary.
 
@@ -214,7 +215,7 @@ def run_on_fleet(
     run_id, summary_path, metrics_port = request.run_id, request.summary_path, request.metrics_port
     state = fleet.require_state()
     devices = fleet.live_devices()
-    check_reachable(devices)
+    check_reachable(devices, reach_timeout_seconds)
     argv = horovodrun_argv(
         devices,
         Path(state.identity_file),

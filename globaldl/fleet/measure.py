@@ -1,7 +1,8 @@
 """Measure a shaped link: a bounded bulk TCP transfer between two devices of the fleet.
 
 Run as `python -m globaldl.fleet.measure receive|send ...` inside a device's namespace
-(`ip netns exec DEVICE ...`); `measure_throughput` drives both ends from the host.
+(`ip netns exec DEVICE ...`, or the host's for the core); `measure_throughput` drives both ends
+from the host.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+
+from globaldl.fleet.system import in_netns
 
 CHUNK_BYTES = 64 * 1024
 # tbf's bucket lets a short burst through at line rate and TCP needs a few round trips to fill
@@ -117,26 +120,22 @@ def measure_throughput(
     shaped_bits_per_second: float,
     seconds: float = 4.0,
     port: int = 5201,
+    *,
+    sender_netns: str | None,
+    receiver_netns: str | None,
 ) -> ThroughputMeasurement:
-    """Send bulk data from `sender` to `receiver` (namespace names) for `seconds`; measure the rate.
+    """Send bulk data from `sender` to `receiver` for `seconds`; measure the rate.
 
-    Bounded in time and bytes: the sender stops after `seconds` or 2x the bytes the shaped
-    rate allows in that time, whichever is first; every wait has a timeout.
+    Each end runs in its network namespace (None: the host's own). Bounded in time and bytes:
+    the sender stops after `seconds` or 2x the bytes the shaped rate allows in that time,
+    whichever is first; every wait has a timeout.
     """
     python = [sys.executable, "-m", "globaldl.fleet.measure"]
     timeout_seconds = seconds + 20
     receive = subprocess.Popen(
-        [
-            "ip",
-            "netns",
-            "exec",
-            receiver,
-            *python,
-            "receive",
-            receiver_address,
-            str(port),
-            str(timeout_seconds),
-        ],
+        in_netns(
+            receiver_netns, [*python, "receive", receiver_address, str(port), str(timeout_seconds)]
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -150,18 +149,10 @@ def measure_throughput(
             )
         max_bytes = int(2 * shaped_bits_per_second / 8 * seconds) + CHUNK_BYTES
         send = subprocess.run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                sender,
-                *python,
-                "send",
-                receiver_address,
-                str(port),
-                str(seconds),
-                str(max_bytes),
-            ],
+            in_netns(
+                sender_netns,
+                [*python, "send", receiver_address, str(port), str(seconds), str(max_bytes)],
+            ),
             capture_output=True,
             text=True,
             timeout=timeout_seconds,

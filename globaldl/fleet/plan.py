@@ -6,9 +6,11 @@ import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from globaldl.fleet.cgroups import CPU_PERIOD_MICROSECONDS, MIN_CPU_QUOTA_MICROSECONDS
-from globaldl.fleet.profiles import LinkProfile
+from globaldl.fleet.profiles import LinkProfile, device_profiles
+from globaldl.fleet.sites import DEFAULT_LAN_PROFILE, MAX_SITES, SiteLayout, parse_sites
 from globaldl.fleet.system import machine_cores, machine_memory_bytes
 
 DEFAULT_PREFIX = "gdl"
@@ -31,6 +33,23 @@ class DeviceSpec:
     profile: LinkProfile
     cpu_cores: float
     memory_bytes: int
+    site: str | None = None
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """One site to create: its LAN bridge and the WAN link that joins it to the core.
+
+    The WAN link's inner end (`uplink_interface`) sits on the site bridge, its outer end
+    (`core_interface`) on the core bridge; the site's up direction leaves the site.
+    """
+
+    name: str
+    bridge: str
+    wan: LinkProfile
+    uplink_interface: str
+    core_interface: str
+    devices: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,14 @@ class FleetPlan:
     bridge: str
     host_address: str
     devices: tuple[DeviceSpec, ...]
+    sites: tuple[SiteSpec, ...] = ()
+
+    def bridge_of(self, device: DeviceSpec) -> str:
+        """The bridge a device's link ends on: its site's LAN, or the core."""
+        for site in self.sites:
+            if site.name == device.site:
+                return site.bridge
+        return self.bridge
 
     @property
     def prefix_length(self) -> int:
@@ -70,12 +97,15 @@ def plan_fleet(
     cpu_cores_each: Sequence[float] | None = None,
     available_cores: float | None = None,
     available_memory_bytes: int | None = None,
+    sites: Sequence[SiteLayout] | None = None,
 ) -> FleetPlan:
     """Name and address one device per profile and give each a CPU and memory share.
 
     By default the machine's cores and memory are split evenly (`--cpu` = cores / devices);
     `cpu_cores_each` gives every device its own share instead (a fleet of fast and slow devices).
-    Promising more than the machine has is refused unless `force` is set.
+    Promising more than the machine has is refused unless `force` is set. With `sites`, the
+    devices are given to the sites in order (`profiles` is then every device's LAN profile,
+    see `site_device_profiles`).
     """
     count = len(profiles)
     if count < 1:
@@ -139,6 +169,7 @@ def plan_fleet(
             f"{memory_total_bytes // 2**20} MB; lower --memory, use fewer devices, or pass --force"
         )
 
+    site_of = _site_of_each_device(sites, count)
     devices = tuple(
         DeviceSpec(
             name=f"{prefix}-{index}",
@@ -147,8 +178,20 @@ def plan_fleet(
             profile=profile,
             cpu_cores=device_cores[index - 1],
             memory_bytes=memory_bytes,
+            site=site_of[index - 1],
         )
         for index, profile in enumerate(profiles, start=1)
+    )
+    site_specs = tuple(
+        SiteSpec(
+            name=layout.name,
+            bridge=f"{prefix}-s{number}",
+            wan=layout.wan,
+            uplink_interface=f"{prefix}-s{number}-u",
+            core_interface=f"{prefix}-s{number}-w",
+            devices=tuple(d.name for d in devices if d.site == layout.name),
+        )
+        for number, layout in enumerate(sites or (), start=1)
     )
     return FleetPlan(
         prefix=prefix,
@@ -156,4 +199,74 @@ def plan_fleet(
         bridge=f"{prefix}-br",
         host_address=str(hosts[0]),
         devices=devices,
+        sites=site_specs,
     )
+
+
+def plan_from_options(
+    profiles: dict[str, LinkProfile],
+    *,
+    devices: int | None = None,
+    profile: str | None = None,
+    mix: str | None = None,
+    up_mbit: float | None = None,
+    down_mbit: float | None = None,
+    sites: str | None = None,
+    lan: str | None = None,
+    wan: str | None = None,
+    **limits: Any,
+) -> FleetPlan:
+    """The plan `fleet up` options describe: devices on one bridge, or devices in sites.
+
+    `limits` are plan_fleet's keyword arguments (prefix, subnet, cpu_cores, memory_mb, force,
+    cpu_cores_each).
+    """
+    if sites is None:
+        if lan is not None or wan is not None:
+            raise ValueError("--lan and --wan describe sites; they need --sites")
+        return plan_fleet(
+            device_profiles(
+                profiles,
+                devices=devices,
+                profile=profile,
+                mix=mix,
+                up_mbit=up_mbit,
+                down_mbit=down_mbit,
+            ),
+            **limits,
+        )
+    if profile is not None or mix is not None or up_mbit is not None or down_mbit is not None:
+        raise ValueError(
+            "--sites takes --lan (each device's link) and --wan (each site's shared link), "
+            "not --profile/--mix/--up-mbit/--down-mbit"
+        )
+    layouts = parse_sites(sites, profiles, lan or DEFAULT_LAN_PROFILE, wan)
+    lan_profiles = site_device_profiles(layouts)
+    if devices is not None and devices != len(lan_profiles):
+        raise ValueError(
+            f"--devices {devices} does not match --sites {sites}, which makes "
+            f"{len(lan_profiles)} devices"
+        )
+    return plan_fleet(lan_profiles, sites=layouts, **limits)
+
+
+def site_device_profiles(sites: Sequence[SiteLayout]) -> list[LinkProfile]:
+    """Every device's link profile (its site's LAN), in the order plan_fleet assigns them."""
+    return [layout.lan for layout in sites for _ in range(layout.devices)]
+
+
+def _site_of_each_device(sites: Sequence[SiteLayout] | None, count: int) -> list[str | None]:
+    if not sites:
+        return [None] * count
+    if len(sites) > MAX_SITES:
+        raise ValueError(f"at most {MAX_SITES} sites, got {len(sites)}")
+    names = [layout.name for layout in sites]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"site names must be unique; repeated: {repeated}")
+    site_of = [layout.name for layout in sites for _ in range(layout.devices)]
+    if len(site_of) != count:
+        raise ValueError(
+            f"the sites hold {len(site_of)} devices but {count} device profiles were given"
+        )
+    return site_of

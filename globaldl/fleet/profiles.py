@@ -1,4 +1,19 @@
-"""Link profiles (asymmetric rates, latency, loss) of emulated devices, loaded from data."""
+"""Link profiles of emulated devices and sites: rate, delay, jitter and loss per direction.
+
+A profile describes one ACCESS LINK (a device's, or a site's wide-area uplink) between its
+inner end (the device) and the network core. Each direction has its own rate, one-way delay,
+jitter and random loss:
+
+* `up_delay_ms` is the time a packet spends crossing the link from the device to the core,
+  beyond the time its bytes take at the link's rate (serialisation); `down_delay_ms` the same
+  from the core to the device. A device's round trip to the core (where the fleet's host sits)
+  is therefore up + down delay; between two devices A and B a packet crosses A's uplink and
+  B's downlink, so the A->B one-way delay is A.up + B.down and the round trip adds B.up + A.down.
+* `*_jitter_ms` spreads each packet's delay uniformly over [delay - jitter, delay + jitter];
+  packets of one direction keep their order (a FIFO link), so under load they queue behind a
+  slower predecessor, as on real links.
+* `*_loss_percent` drops that share of the packets of one direction at random.
+"""
 
 from __future__ import annotations
 
@@ -9,37 +24,45 @@ from typing import Any
 
 import yaml
 
+from globaldl.fleet.shaping import LinkDirection
+
 # deploy/ is data next to the package in the repository (the package is installed editable).
 DEFAULT_PROFILES_PATH = Path(__file__).resolve().parents[2] / "deploy" / "fleet" / "profiles.yaml"
+PROFILES_SCHEMA_VERSION = 2
 CUSTOM = "custom"
-_PROFILE_KEYS = (
-    "description",
-    "down_kbit_per_second",
-    "up_kbit_per_second",
-    "one_way_latency_ms",
-    "jitter_ms",
-    "loss_percent",
-)
+_PROFILE_KEYS = ("description", "source", "up", "down")
+_DIRECTION_KEYS = ("kbit_per_second", "delay_ms", "jitter_ms", "loss_percent")
+# Schema 1 (and older state and result files) had one latency, jitter and loss for both
+# directions; from_config still reads them so committed results stay loadable.
+_LEGACY_SYMMETRIC_KEYS = {
+    "one_way_latency_ms": "delay_ms",
+    "jitter_ms": "jitter_ms",
+    "loss_percent": "loss_percent",
+}
 
 
 @dataclass(frozen=True)
 class LinkProfile:
-    """One device's access link: rates each way, one-way latency, jitter and random loss.
+    """One access link: rate, one-way delay, jitter and random loss, per direction.
 
     Example:
-        >>> LinkProfile("lte", up_kbit_per_second=5000, down_kbit_per_second=17500,
-        ...             one_way_latency_ms=32.5).needs_netem
-        True
+        >>> lte = LinkProfile("lte", 5000, 17500, up_delay_ms=35, down_delay_ms=35)
+        >>> lte.impaired, lte.core_round_trip_ms
+        (True, 70.0)
 
     """
 
     name: str
     up_kbit_per_second: float
     down_kbit_per_second: float
-    one_way_latency_ms: float = 0.0
-    jitter_ms: float = 0.0
-    loss_percent: float = 0.0
+    up_delay_ms: float = 0.0
+    down_delay_ms: float = 0.0
+    up_jitter_ms: float = 0.0
+    down_jitter_ms: float = 0.0
+    up_loss_percent: float = 0.0
+    down_loss_percent: float = 0.0
     description: str = ""
+    source: str = ""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -50,33 +73,61 @@ class LinkProfile:
                 raise ValueError(
                     f"profile {self.name!r}: {field} must be a positive number, got {value!r}"
                 )
-        for field in ("one_way_latency_ms", "jitter_ms"):
-            value = getattr(self, field)
-            if not _is_number(value) or value < 0 or math.isinf(value):
-                raise ValueError(f"profile {self.name!r}: {field} must be >= 0, got {value!r}")
-        if not _is_number(self.loss_percent) or not 0 <= self.loss_percent < 100:
-            raise ValueError(
-                f"profile {self.name!r}: loss_percent must be in [0, 100), got "
-                f"{self.loss_percent!r}"
-            )
-        if self.jitter_ms > self.one_way_latency_ms:
-            raise ValueError(
-                f"profile {self.name!r}: jitter_ms ({self.jitter_ms}) must not exceed "
-                f"one_way_latency_ms ({self.one_way_latency_ms})"
-            )
+        for direction in ("up", "down"):
+            for field in (f"{direction}_delay_ms", f"{direction}_jitter_ms"):
+                value = getattr(self, field)
+                if not _is_number(value) or value < 0 or math.isinf(value):
+                    raise ValueError(
+                        f"profile {self.name!r}: {field} must be a number >= 0, got {value!r}"
+                    )
+            loss = getattr(self, f"{direction}_loss_percent")
+            if not _is_number(loss) or not 0 <= loss < 100:
+                raise ValueError(
+                    f"profile {self.name!r}: {direction}_loss_percent must be in [0, 100), "
+                    f"got {loss!r}"
+                )
+            jitter, delay = (getattr(self, f"{direction}_{key}_ms") for key in ("jitter", "delay"))
+            if jitter > delay:
+                raise ValueError(
+                    f"profile {self.name!r}: {direction}_jitter_ms ({jitter:g}) must not exceed "
+                    f"{direction}_delay_ms ({delay:g}): a packet cannot arrive before it is sent"
+                )
 
     @property
-    def needs_netem(self) -> bool:
-        """True when the profile asks for latency, jitter or loss, which only tc netem emulates."""
-        return self.one_way_latency_ms > 0 or self.jitter_ms > 0 or self.loss_percent > 0
+    def uplink(self) -> LinkDirection:
+        """Device -> core."""
+        return LinkDirection(
+            self.up_kbit_per_second, self.up_delay_ms, self.up_jitter_ms, self.up_loss_percent
+        )
+
+    @property
+    def downlink(self) -> LinkDirection:
+        """Core -> device."""
+        return LinkDirection(
+            self.down_kbit_per_second,
+            self.down_delay_ms,
+            self.down_jitter_ms,
+            self.down_loss_percent,
+        )
+
+    @property
+    def impaired(self) -> bool:
+        """True when the link adds delay, jitter or loss (emulated in user space, see vde.py)."""
+        return self.uplink.impaired or self.downlink.impaired
+
+    @property
+    def core_round_trip_ms(self) -> float:
+        """Mean round trip between the device and the core, serialisation left out."""
+        return self.up_delay_ms + self.down_delay_ms
 
     def rates_only(self) -> LinkProfile:
-        """The same rates without latency, jitter or loss (what is shaped when netem is missing)."""
+        """The same rates without delay, jitter or loss (what is shaped with `--latency off`)."""
         return LinkProfile(
             self.name,
             self.up_kbit_per_second,
             self.down_kbit_per_second,
             description=self.description,
+            source=self.source,
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -85,7 +136,13 @@ class LinkProfile:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> LinkProfile:
-        """Build a profile from `get_config()` output."""
+        """Build a profile from `get_config()` output (or a schema-1 symmetric one)."""
+        config = dict(config)
+        for legacy, key in _LEGACY_SYMMETRIC_KEYS.items():
+            if legacy in config:
+                value = config.pop(legacy)
+                config.setdefault(f"up_{key}", value)
+                config.setdefault(f"down_{key}", value)
         return cls(**config)
 
 
@@ -101,52 +158,78 @@ def load_profiles(path: Path = DEFAULT_PROFILES_PATH) -> dict[str, LinkProfile]:
         raise ValueError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(document, dict) or not isinstance(document.get("profiles"), dict):
         raise ValueError(f"{path}: expected a mapping with a 'profiles' mapping")
-    if document.get("schema_version") != 1:
+    if document.get("schema_version") != PROFILES_SCHEMA_VERSION:
         raise ValueError(
-            f"{path}: schema_version must be 1, got {document.get('schema_version')!r}"
+            f"{path}: schema_version must be {PROFILES_SCHEMA_VERSION}, got "
+            f"{document.get('schema_version')!r} (schema 2 gives each profile an `up:` and a "
+            f"`down:` mapping with {', '.join(_DIRECTION_KEYS)})"
         )
-    profiles: dict[str, LinkProfile] = {}
-    for name, entry in document["profiles"].items():
-        if (
-            not isinstance(name, str)
-            or name == CUSTOM
-            or name.startswith(f"{CUSTOM}:")
-            or ":" in name
-        ):
-            raise ValueError(f"{path}: profile name {name!r} is reserved or contains ':'")
-        if not isinstance(entry, dict):
-            raise ValueError(f"{path}: profile {name!r} must be a mapping")
-        unknown = sorted(set(entry) - set(_PROFILE_KEYS))
-        if unknown:
-            raise ValueError(
-                f"{path}: profile {name!r} has unknown keys {unknown}; allowed: "
-                f"{list(_PROFILE_KEYS)}"
-            )
-        missing = [
-            key for key in ("down_kbit_per_second", "up_kbit_per_second") if key not in entry
-        ]
-        if missing:
-            raise ValueError(f"{path}: profile {name!r} is missing {missing}")
-        profiles[name] = LinkProfile(name=name, **entry)
-    return profiles
+    return {
+        name: _profile_from_entry(path, name, entry) for name, entry in document["profiles"].items()
+    }
+
+
+def _profile_from_entry(path: Path, name: object, entry: object) -> LinkProfile:
+    if not isinstance(name, str) or name == CUSTOM or ":" in name:
+        raise ValueError(f"{path}: profile name {name!r} is reserved or contains ':'")
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}: profile {name!r} must be a mapping")
+    _check_keys(path, f"profile {name!r}", entry, _PROFILE_KEYS, required=("up", "down"))
+    fields: dict[str, Any] = {
+        "description": entry.get("description", ""),
+        "source": entry.get("source", ""),
+    }
+    for direction in ("up", "down"):
+        values = entry[direction]
+        where = f"profile {name!r} {direction}"
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: {where} must be a mapping of {', '.join(_DIRECTION_KEYS)}")
+        _check_keys(path, where, values, _DIRECTION_KEYS, required=("kbit_per_second",))
+        for key, value in values.items():
+            fields[f"{direction}_{key}"] = value
+    try:
+        return LinkProfile(name=name, **fields)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
+def _check_keys(
+    path: Path,
+    where: str,
+    entry: dict[str, Any],
+    allowed: tuple[str, ...],
+    required: tuple[str, ...],
+) -> None:
+    unknown = sorted(str(key) for key in set(entry) - set(allowed))
+    if unknown:
+        raise ValueError(f"{path}: {where} has unknown keys {unknown}; allowed: {list(allowed)}")
+    missing = [key for key in required if key not in entry]
+    if missing:
+        raise ValueError(f"{path}: {where} is missing {missing}")
 
 
 def _allowed_names(profiles: dict[str, LinkProfile]) -> str:
-    return ", ".join([*sorted(profiles), CUSTOM, f"{CUSTOM}:UP_MBIT:DOWN_MBIT"])
+    return ", ".join([*sorted(profiles), CUSTOM, f"{CUSTOM}:UP_MBIT:DOWN_MBIT[:ONE_WAY_DELAY_MS]"])
 
 
-def custom_profile(up_mbit: float, down_mbit: float) -> LinkProfile:
-    """A rate pair without latency or loss, named `custom:UP:DOWN` (Mbit/s)."""
+def custom_profile(up_mbit: float, down_mbit: float, delay_ms: float = 0.0) -> LinkProfile:
+    """Rates in Mbit/s and one delay for both directions, named `custom:UP:DOWN[:DELAY]`."""
     for flag, value in (("up_mbit", up_mbit), ("down_mbit", down_mbit)):
         if not _is_number(value) or not value > 0:
             raise ValueError(
                 f"custom profile: {flag} must be a positive number of Mbit/s, got {value!r}"
             )
+    if not _is_number(delay_ms) or not 0 <= delay_ms < math.inf:
+        raise ValueError(f"custom profile: one-way delay must be >= 0 ms, got {delay_ms!r}")
+    name = f"{CUSTOM}:{up_mbit:g}:{down_mbit:g}" + (f":{delay_ms:g}" if delay_ms else "")
+    delay_text = f"{delay_ms:g} ms one-way delay each way" if delay_ms else "no delay"
     return LinkProfile(
-        name=f"{CUSTOM}:{up_mbit:g}:{down_mbit:g}",
+        name=name,
         up_kbit_per_second=up_mbit * 1000,
         down_kbit_per_second=down_mbit * 1000,
-        description=f"custom rates (up {up_mbit:g} Mbit/s, down {down_mbit:g} Mbit/s), no latency",
+        up_delay_ms=delay_ms,
+        down_delay_ms=delay_ms,
+        description=f"custom (up {up_mbit:g} Mbit/s, down {down_mbit:g} Mbit/s, {delay_text})",
     )
 
 
@@ -156,7 +239,7 @@ def resolve_profile(
     up_mbit: float | None = None,
     down_mbit: float | None = None,
 ) -> LinkProfile:
-    """Turn `NAME`, `custom` (with both rates) or `custom:UP:DOWN` into a profile."""
+    """Turn `NAME`, `custom` (with both rates) or `custom:UP:DOWN[:DELAY_MS]` into a profile."""
     if spec == CUSTOM:
         if up_mbit is None or down_mbit is None:
             raise ValueError(
@@ -166,28 +249,27 @@ def resolve_profile(
     if up_mbit is not None or down_mbit is not None:
         raise ValueError(f"--up-mbit/--down-mbit only apply to --profile custom, not {spec!r}")
     if spec.startswith(f"{CUSTOM}:"):
-        rates = _parse_rates(spec.split(":")[1:])
-        if rates is None:
+        numbers = _parse_numbers(spec.split(":")[1:])
+        if numbers is None or len(numbers) not in (2, 3):
             raise ValueError(
-                f"bad custom profile {spec!r}; expected custom:UP_MBIT:DOWN_MBIT, e.g. custom:5:20"
+                f"bad custom profile {spec!r}; expected "
+                "custom:UP_MBIT:DOWN_MBIT[:ONE_WAY_DELAY_MS], e.g. custom:5:20 or custom:5:20:50"
             )
-        return custom_profile(*rates)
+        return custom_profile(*numbers)
     if spec not in profiles:
         raise ValueError(f"unknown profile {spec!r}; valid profiles: {_allowed_names(profiles)}")
     return profiles[spec]
 
 
-def _parse_rates(texts: list[str]) -> tuple[float, float] | None:
-    if len(texts) != 2:
-        return None
+def _parse_numbers(texts: list[str]) -> list[float] | None:
     try:
-        return float(texts[0]), float(texts[1])
+        return [float(text) for text in texts]
     except ValueError:
         return None
 
 
 def parse_mix(mix: str, profiles: dict[str, LinkProfile]) -> list[LinkProfile]:
-    """Expand `lte:2,slow-4g:2` (or `custom:5:20:2`) into one profile per device, in order."""
+    """Expand `lte:2,slow-4g:2` (or `custom:5:20:50:2`) into one profile per device, in order."""
     expanded: list[LinkProfile] = []
     for entry in (part.strip() for part in mix.split(",")):
         spec, separator, count_text = entry.rpartition(":")

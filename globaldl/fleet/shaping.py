@@ -1,4 +1,8 @@
-"""Shape one direction of a device's link with tc (tbf for rate, netem for latency and loss)."""
+"""Shape the rate of one direction of a link with tc tbf, and read the qdiscs back.
+
+This kernel has no netem; delay, jitter and loss are added in user space (globaldl/fleet/vde.py),
+and tbf still shapes the rate on the link's interfaces (veth or tap alike).
+"""
 
 from __future__ import annotations
 
@@ -16,28 +20,31 @@ MIN_BURST_BYTES = 2 * ETHERNET_FRAME_BYTES + 200
 # saturating the link (as real links are) instead of losing throughput to tail drops.
 QUEUE_SECONDS = 0.25
 MIN_QUEUE_BYTES = 64 * 1024
-NETEM_HANDLE = "1:"
-TBF_UNDER_NETEM_HANDLE = "10:"
+ROOT_HANDLE = "1:"
 
 
 @dataclass(frozen=True)
 class LinkDirection:
-    """What one direction (uplink or downlink) of a device's link should look like."""
+    """One direction (uplink or downlink) of a link: rate, one-way delay, jitter, loss."""
 
     rate_kbit_per_second: float
-    one_way_latency_ms: float = 0.0
+    delay_ms: float = 0.0
     jitter_ms: float = 0.0
     loss_percent: float = 0.0
 
     @property
-    def needs_netem(self) -> bool:
-        """True when latency, jitter or loss are asked for."""
-        return self.one_way_latency_ms > 0 or self.jitter_ms > 0 or self.loss_percent > 0
+    def impaired(self) -> bool:
+        """True when delay, jitter or loss are asked for (not just a rate)."""
+        return self.delay_ms > 0 or self.jitter_ms > 0 or self.loss_percent > 0
 
     @property
     def rate_bits_per_second(self) -> int:
         """The shaped rate in bit/s, as tc takes it."""
         return round(self.rate_kbit_per_second * 1000)
+
+    def serialisation_ms(self, frame_bytes: int) -> float:
+        """Time one frame of `frame_bytes` takes at this rate."""
+        return frame_bytes * 8 / self.rate_bits_per_second * 1000
 
     @property
     def burst_bytes(self) -> int:
@@ -50,27 +57,23 @@ class LinkDirection:
         return max(MIN_QUEUE_BYTES, round(self.rate_bits_per_second / 8 * QUEUE_SECONDS))
 
 
-@dataclass(frozen=True)
-class NetemProbe:
-    """Whether this kernel has the netem qdisc, and what tc said when it was tried."""
-
-    available: bool
-    detail: str
-
-
 def _tc(netns: str | None) -> list[str]:
     return ["tc", "-n", netns] if netns else ["tc"]
 
 
-def shaping_commands(
+def shaping_command(
     interface: str, direction: LinkDirection, netns: str | None = None
-) -> list[list[str]]:
-    """The tc command lines that shape the egress of `interface` (inside `netns` if given).
-
-    Rate only: one root tbf. With latency/jitter/loss: a root netem with the tbf as its child,
-    so packets are delayed first and then leave at the link rate.
-    """
-    tbf = [
+) -> list[str]:
+    """The tc command line that shapes the egress of `interface` (inside `netns` if given)."""
+    return [
+        *_tc(netns),
+        "qdisc",
+        "replace",
+        "dev",
+        interface,
+        "root",
+        "handle",
+        ROOT_HANDLE,
         "tbf",
         "rate",
         f"{direction.rate_bits_per_second}bit",
@@ -79,63 +82,11 @@ def shaping_commands(
         "limit",
         str(direction.queue_bytes),
     ]
-    if not direction.needs_netem:
-        return [
-            [
-                *_tc(netns),
-                "qdisc",
-                "replace",
-                "dev",
-                interface,
-                "root",
-                "handle",
-                NETEM_HANDLE,
-                *tbf,
-            ]
-        ]
-    netem = ["netem"]
-    if direction.one_way_latency_ms > 0 or direction.jitter_ms > 0:
-        netem += ["delay", f"{direction.one_way_latency_ms:g}ms"]
-        if direction.jitter_ms > 0:
-            netem.append(f"{direction.jitter_ms:g}ms")
-    if direction.loss_percent > 0:
-        netem += ["loss", f"{direction.loss_percent:g}%"]
-    return [
-        [*_tc(netns), "qdisc", "replace", "dev", interface, "root", "handle", NETEM_HANDLE, *netem],
-        [
-            *_tc(netns),
-            "qdisc",
-            "replace",
-            "dev",
-            interface,
-            "parent",
-            "1:1",
-            "handle",
-            TBF_UNDER_NETEM_HANDLE,
-            *tbf,
-        ],
-    ]
 
 
 def apply_shaping(interface: str, direction: LinkDirection, netns: str | None = None) -> None:
-    """Shape the egress of `interface`; raises CommandError if tc refuses."""
-    for argv in shaping_commands(interface, direction, netns):
-        run(argv)
-
-
-def probe_netem() -> NetemProbe:
-    """Try a netem qdisc on the loopback of a throw-away network namespace.
-
-    `unshare --net` gives the probe its own namespace that disappears with the process, so
-    nothing on the host is touched and nothing can be left behind.
-    """
-    completed = run(
-        ["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-        check=False,
-    )
-    if completed.returncode == 0:
-        return NetemProbe(True, "tc qdisc netem works")
-    return NetemProbe(False, completed.stderr.strip() or f"tc exited {completed.returncode}")
+    """Shape the egress of `interface` to the direction's rate; CommandError if tc refuses."""
+    run(shaping_command(interface, direction, netns))
 
 
 def read_qdiscs(interface: str, netns: str | None = None) -> list[dict[str, object]]:
@@ -151,8 +102,6 @@ def read_qdiscs(interface: str, netns: str | None = None) -> list[dict[str, obje
                 "parent": "root" if entry.get("root") else entry.get("parent"),
                 # tc -j reports tbf's rate in bytes per second.
                 "rate_bits_per_second": options["rate"] * 8 if "rate" in options else None,
-                "delay_ms": _netem_delay_ms(options),
-                "loss_percent": _netem_loss_percent(options),
                 "sent_bytes": entry.get("bytes", 0),
                 "sent_packets": entry.get("packets", 0),
                 "dropped_packets": entry.get("drops", 0),
@@ -161,17 +110,3 @@ def read_qdiscs(interface: str, netns: str | None = None) -> list[dict[str, obje
             }
         )
     return qdiscs
-
-
-def _netem_delay_ms(options: dict[str, object]) -> float | None:
-    delay = options.get("delay")
-    if isinstance(delay, dict) and "delay" in delay:
-        return float(delay["delay"]) * 1000  # tc -j reports seconds
-    return None
-
-
-def _netem_loss_percent(options: dict[str, object]) -> float | None:
-    loss = options.get("loss-random")
-    if isinstance(loss, dict) and "loss" in loss:
-        return float(loss["loss"]) * 100  # tc -j reports a fraction
-    return None

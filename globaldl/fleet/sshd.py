@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import pwd
 import subprocess
@@ -10,10 +11,15 @@ from pathlib import Path
 
 from globaldl.files import write_text_atomically
 from globaldl.fleet.cgroups import join_groups
-from globaldl.fleet.system import process_start_ticks, run
+from globaldl.fleet.system import CommandError, process_start_ticks, run
 
 SSHD = "/usr/sbin/sshd"
 SSH_PORT = 22
+LOGIN_TIMEOUT_SECONDS = 20.0
+# One attempt may take this long on a busy machine (a handful of devices' sshd on a fraction of
+# a core each) before the next one starts.
+ATTEMPT_TIMEOUT_SECONDS = 10.0
+LOGIN_ROUND_TRIPS = 25
 
 
 def generate_key(path: Path, comment: str) -> str:
@@ -47,6 +53,9 @@ def sshd_config_text(
             "Subsystem sftp internal-sftp",
             "X11Forwarding no",
             "PrintMotd no",
+            # sshd drops a login unfinished after 2 minutes by default: on NB-IoT a login
+            # takes a dozen round trips of 12 s.
+            "LoginGraceTime 900",
             # Horovod opens one ssh session per rank and per probe at once.
             "MaxStartups 100:30:200",
             "MaxSessions 100",
@@ -137,34 +146,45 @@ def _config_value(config: Path, key: str) -> Path:
 
 
 def wait_for_login(
-    address: str, identity_file: Path, expected_hostname: str, timeout_seconds: float = 20.0
+    address: str, identity_file: Path, expected_hostname: str, round_trip_ms: float = 0.0
 ) -> None:
-    """Log in by key as horovodrun will, until the device answers with its own host name."""
+    """Log in by key as horovodrun will, until the device answers with its own host name.
+
+    An ssh login costs a dozen round trips (TCP, key exchange, authentication, the command)
+    and more where TCP retransmits before it has measured the round trip,
+    so every wait grows with the device's round trip to the host; on NB-IoT that is minutes.
+    """
+    round_trips_seconds = LOGIN_ROUND_TRIPS * round_trip_ms / 1000
+    timeout_seconds = LOGIN_TIMEOUT_SECONDS + 2 * round_trips_seconds
     deadline = time.monotonic() + timeout_seconds
     last_error = ""
     while time.monotonic() < deadline:
-        completed = run(
-            [
-                "ssh",
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "StrictHostKeyChecking=no",
-                # Our own probe must not add entries to the user's known_hosts.
-                "-o",
-                "UserKnownHostsFile=/dev/null",
-                "-o",
-                "LogLevel=ERROR",
-                "-o",
-                "ConnectTimeout=3",
-                "-i",
-                str(identity_file),
-                f"root@{address}",
-                "hostname",
-            ],
-            check=False,
-            timeout_seconds=10,
-        )
+        try:
+            completed = run(
+                [
+                    "ssh",
+                    "-o",
+                    "BatchMode=yes",
+                    "-o",
+                    "StrictHostKeyChecking=no",
+                    # Our own probe must not add entries to the user's known_hosts.
+                    "-o",
+                    "UserKnownHostsFile=/dev/null",
+                    "-o",
+                    "LogLevel=ERROR",
+                    "-o",
+                    f"ConnectTimeout={3 + math.ceil(2 * round_trip_ms / 1000)}",
+                    "-i",
+                    str(identity_file),
+                    f"root@{address}",
+                    "hostname",
+                ],
+                check=False,
+                timeout_seconds=ATTEMPT_TIMEOUT_SECONDS + round_trips_seconds,
+            )
+        except CommandError as error:  # this attempt timed out: try again until the deadline
+            last_error = str(error)
+            continue
         if completed.returncode == 0 and completed.stdout.strip() == expected_hostname:
             return
         last_error = completed.stderr.strip() or f"host name {completed.stdout.strip()!r}"

@@ -10,12 +10,13 @@ from typing import Any
 from globaldl.files import write_json_atomically
 from globaldl.fleet.profiles import LinkProfile
 
-STATE_SCHEMA_VERSION = 1
+STATE_SCHEMA_VERSION = 2
 STATE_FILE_NAME = "fleet.json"
 DEFAULT_STATE_DIR = Path("/run/globaldl-fleet")
 
 # Kinds of resource in the journal, each undone by its own step in fleet teardown.
-RESOURCE_KINDS = ("directory", "bridge", "netns", "link", "cgroup", "known_hosts")
+RESOURCE_KINDS = ("directory", "bridge", "netns", "link", "cgroup", "known_hosts", "process")
+LINK_KINDS = ("veth", "vde")
 
 
 @dataclass
@@ -34,6 +35,8 @@ class DeviceState:
     status: str = "creating"
     sshd_pid: int | None = None
     sshd_start_ticks: int | None = None
+    site: str | None = None
+    link: str = "veth"  # "vde" when user-space emulation adds delay, jitter or loss
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -48,6 +51,28 @@ class DeviceState:
 
 
 @dataclass
+class SiteState:
+    """One site: its LAN bridge, its shared WAN link and the devices behind it."""
+
+    name: str
+    bridge: str
+    wan: LinkProfile
+    uplink_interface: str
+    core_interface: str
+    devices: list[str]
+    link: str = "veth"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {**asdict(self), "wan": self.wan.get_config()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SiteState:
+        """Inverse of `to_dict`."""
+        return cls(**{**data, "wan": LinkProfile.from_config(data["wan"])})
+
+
+@dataclass
 class FleetState:
     """Everything one `fleet up` made; `resources` is the creation journal, oldest first."""
 
@@ -57,11 +82,30 @@ class FleetState:
     host_address: str
     state_dir: str
     identity_file: str
-    netem_available: bool
+    # What adds delay, jitter and loss here ("vde2 wirefilter"), or why nothing can.
+    emulator: str
+    emulator_available: bool
     latency_emulated: bool
     phase: str = "creating"
     devices: list[DeviceState] = field(default_factory=list)
+    sites: list[SiteState] = field(default_factory=list)
     resources: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def site_map_path(self) -> Path | None:
+        """The site map file (`sites: {SITE: [HOST, ...]}`) when the fleet has sites."""
+        from globaldl.fleet.sites import SITE_MAP_FILE_NAME
+
+        return Path(self.state_dir) / SITE_MAP_FILE_NAME if self.sites else None
+
+    def site(self, name: str) -> SiteState:
+        """The site called `name`; ValueError naming the fleet's sites otherwise."""
+        for site in self.sites:
+            if site.name == name:
+                return site
+        raise ValueError(
+            f"no site {name!r} in this fleet; sites: {', '.join(s.name for s in self.sites)}"
+        )
 
     @property
     def path(self) -> Path:
@@ -89,6 +133,7 @@ class FleetState:
         data = asdict(self)
         data["schema_version"] = STATE_SCHEMA_VERSION
         data["devices"] = [device.to_dict() for device in self.devices]
+        data["sites"] = [site.to_dict() for site in self.sites]
         write_json_atomically(self.path, data, mode=0o600)
 
     @classmethod
@@ -107,7 +152,9 @@ class FleetState:
         if version != STATE_SCHEMA_VERSION:
             raise ValueError(
                 f"{path}: state schema_version {version!r}, this globaldl reads "
-                f"{STATE_SCHEMA_VERSION}"
+                f"{STATE_SCHEMA_VERSION}; bring that fleet down with the globaldl that made it, "
+                "or remove its namespaces, links and cgroups by hand"
             )
         data["devices"] = [DeviceState.from_dict(device) for device in data["devices"]]
+        data["sites"] = [SiteState.from_dict(site) for site in data.get("sites", [])]
         return cls(**data)

@@ -28,9 +28,16 @@ class CommandError(RuntimeError):
 
 
 def run(
-    argv: Sequence[str], *, check: bool = True, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    input_text: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a command without a shell; raise CommandError if it fails and `check` is set."""
+    """Run a command without a shell; raise CommandError if it fails and `check` is set.
+
+    `input_text` goes to its stdin (otherwise it gets none).
+    """
     try:
         completed = subprocess.run(
             list(argv),
@@ -38,13 +45,18 @@ def run(
             text=True,
             timeout=timeout_seconds,
             check=False,
-            stdin=subprocess.DEVNULL,
+            **({"input": input_text} if input_text is not None else {"stdin": subprocess.DEVNULL}),
         )
     except subprocess.TimeoutExpired:
         raise CommandError(argv, -1, f"timed out after {timeout_seconds:g} s") from None
     if check and completed.returncode != 0:
         raise CommandError(argv, completed.returncode, completed.stderr)
     return completed
+
+
+def in_netns(netns: str | None, argv: list[str]) -> list[str]:
+    """`argv` run inside network namespace `netns` (`ip netns exec`), or as is for the host's."""
+    return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
 
 
 def machine_cores() -> int:

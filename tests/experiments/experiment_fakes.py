@@ -76,7 +76,7 @@ def result(
         run_id=f"test-{spec.label}",
         run_dir=tmp_dir / spec.label,
         cycle_time_ms=cycle_time_ms,
-        link=LinkProfile("lte", up_kbit_per_second=5000, down_kbit_per_second=17500),
+        link=LinkProfile("lte", 5000, 17500, up_delay_ms=35, down_delay_ms=35),
         train_command="globaldl train " + " ".join(spec.train_args),
         fleet_command="globaldl fleet run -- " + " ".join(spec.train_args),
         latency_emulated=False,

@@ -24,7 +24,8 @@ def _fake_fleet_state(state_dir: Path) -> None:
         host_address="10.79.0.1",
         state_dir=str(state_dir),
         identity_file=str(state_dir / "ssh" / "id_ed25519"),
-        netem_available=False,
+        emulator="vde2 wirefilter",
+        emulator_available=True,
         latency_emulated=False,
         phase="up",
     ).save()
@@ -128,6 +129,10 @@ def test_all_dry_run_prints_every_plan() -> None:
         ("bottleneck", "4"),
         ("recovery", "2"),
         ("balance", "2"),
+        ("rounds", "4"),
+        ("latency", "4"),
+        ("scale", "3"),
+        ("sites", "1"),
         ("scaling", "8"),
         ("learning", "2"),
     ]

@@ -140,7 +140,9 @@ def test_faults_must_name_a_device_of_the_fleet() -> None:
             ("--epochs", "1"),
             faults=(Fault("kill", 4, "epoch"),),
         )
-    with pytest.raises(ValueError, match="fault action 'reboot' is not one of: kill, revive"):
+    with pytest.raises(
+        ValueError, match="fault action .reboot. is not one of: kill, revive, measure"
+    ):
         Fault("reboot", 1, "epoch")
 
 

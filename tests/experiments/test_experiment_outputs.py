@@ -81,7 +81,7 @@ def test_devices_outputs_rows_targets_and_plot(tmp_path: Path) -> None:
     }
     markdown = (tmp_path / "devices.md").read_text()
     assert "| model | compression | devices |" in markdown
-    assert "Latency is NOT emulated" in markdown
+    assert "Delay is NOT emulated" in markdown
     assert (
         "| lenet, prune+quantize: time to val_accuracy 0.9 falls at every step from 1 to 4 "
         "devices | met |" in markdown

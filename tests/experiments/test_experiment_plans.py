@@ -210,6 +210,7 @@ def test_bottleneck_plan_covers_the_profiles_and_bounds_nb_iot() -> None:
         "lte",
         "slow-4g",
         "lte-m",
+        "geo-satellite",
         "nb-iot",
     ]
     assert {s.factors["model"] for s in full} == {"lenet", "resnet-8"}

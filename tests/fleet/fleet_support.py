@@ -145,6 +145,10 @@ def leftovers(prefix: str, state_dir: Path) -> dict[str, list[str]]:
         if path.exists()
     ]
     found["sshd"] = [str(pid) for pid in sshd_pids_of(state_dir)]
+    found["link_emulation"] = [str(pid) for pid in vde_pids_of(state_dir)]
+    found["bridges"] = [
+        link for link in found["links"] if Path(f"/sys/class/net/{link}/bridge").exists()
+    ]
     found["etc_netns"] = (
         [str(path) for path in Path("/etc/netns").glob(f"{prefix}-*")]
         if Path("/etc/netns").exists()
@@ -156,31 +160,40 @@ def leftovers(prefix: str, state_dir: Path) -> dict[str, list[str]]:
 
 def sshd_pids_of(state_dir: Path) -> list[int]:
     """Live (non-zombie) sshd processes started with a config below `state_dir`."""
+    # sshd rewrites its argv ("sshd: /usr/sbin/sshd -f CONFIG ... [listener]").
+    return _live_pids_of(state_dir, ("/usr/sbin/sshd",))
+
+
+def vde_pids_of(state_dir: Path) -> list[int]:
+    """Live vde_switch and wirefilter processes whose sockets or pid files are below `state_dir`."""
+    return _live_pids_of(state_dir, ("/usr/bin/vde_switch", "/usr/bin/wirefilter"))
+
+
+def _live_pids_of(state_dir: Path, executables: tuple[str, ...]) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             executable = os.readlink(entry / "exe")
-            # sshd rewrites its argv ("sshd: /usr/sbin/sshd -f CONFIG ... [listener]").
             cmdline = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and executable == "/usr/sbin/sshd" and f"{state_dir}/" in cmdline:
+        if state != "Z" and executable in executables and f"{state_dir}/" in cmdline:
             pids.append(int(entry.name))
     return pids
 
 
 def force_clean(prefix: str, state_dir: Path) -> None:
     """Last resort when `fleet down` failed: remove anything with this test's unique prefix."""
-    for pid in sshd_pids_of(state_dir):
+    for pid in [*sshd_pids_of(state_dir), *vde_pids_of(state_dir)]:
         subprocess.run(["kill", "-9", str(pid)], check=False)
     for name in leftovers(prefix, state_dir).get("namespaces", []):
         subprocess.run(["ip", "netns", "del", name], check=False)
     for name in leftovers(prefix, state_dir).get("links", []):
         subprocess.run(["ip", "link", "del", name], check=False)
-    for controller in ("cpu", "memory"):
+    for controller in ("cpu", "cpuacct", "memory"):
         root = Path(f"/sys/fs/cgroup/{controller}/{prefix}-fleet")
         for child in sorted(root.glob("*/"), reverse=True) if root.exists() else []:
             if child.is_dir():
@@ -192,12 +205,17 @@ def force_clean(prefix: str, state_dir: Path) -> None:
     shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def netem_available() -> bool:
-    """True if this kernel has tc netem (tried in a throw-away namespace)."""
-    probe = subprocess.run(
-        ["unshare", "--net", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return probe.returncode == 0
+def _link_emulation_skip_reason() -> str | None:
+    """Why links with delay cannot be tested here, or None."""
+    if SKIP_REASON is not None:
+        return SKIP_REASON
+    from globaldl.fleet.vde import availability
+
+    available, detail = availability()
+    return None if available else f"link emulation unavailable: {detail}"
+
+
+LINK_EMULATION_SKIP_REASON = _link_emulation_skip_reason()
+needs_link_emulation = pytest.mark.skipif(
+    LINK_EMULATION_SKIP_REASON is not None, reason=LINK_EMULATION_SKIP_REASON or ""
+)

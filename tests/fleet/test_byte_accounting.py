@@ -12,8 +12,9 @@ from fleet_support import needs_fleet_system
 from globaldl.fleet.accounting import account_bytes
 from globaldl.fleet.calibration import measure_calibration
 from globaldl.fleet.fleet import Fleet
-from globaldl.fleet.launcher import run_on_fleet, train_argv
+from globaldl.fleet.launcher import run_on_fleet
 from globaldl.fleet.readings import cycles_in_timeline
+from globaldl.fleet.request import TrainRequest
 
 pytestmark = [needs_fleet_system, pytest.mark.horovod]
 
@@ -99,9 +100,7 @@ def test_compressed_four_device_run_sends_what_the_allgather_model_says(test_fle
     train += ["--quantize", "int8"]
     result = run_on_fleet(
         fleet,
-        train_argv(train, run_id="accounting", summary=summary_path, metrics_port=None),
-        run_id="accounting",
-        summary_path=summary_path,
+        TrainRequest(tuple(train), run_id="accounting", summary_path=summary_path),
         env=env,
         timeout_seconds=900,
     )

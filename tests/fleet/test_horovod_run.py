@@ -28,8 +28,11 @@ def _probe_reports(stdout: str) -> list[dict]:
     ]
 
 
-def test_two_device_shaped_horovod_run_completes_and_interface_bytes_match(test_fleet, tmp_path):
-    test_fleet.up("-n", "2", "--profile", "custom:10:10")
+def test_two_device_shaped_delayed_horovod_run_completes_and_interface_bytes_match(
+    test_fleet, tmp_path
+):
+    # 10 Mbit/s each way and 25 ms one-way on each access link (vde2): 50 ms device to device.
+    test_fleet.up("-n", "2", "--profile", "custom:10:10:25")
     summary = tmp_path / "summary.json"
     prometheus_dir = tmp_path / "prometheus"
     tensor_bytes, steps = 1_000_000, 3
@@ -65,8 +68,13 @@ def test_two_device_shaped_horovod_run_completes_and_interface_bytes_match(test_
     assert all(report["sum"] == 3.0 for report in reports)  # 1 + 2: a real allreduce across devices
     # Each rank sends ~tensor_bytes per allreduce through its 10 Mbit/s uplink: the exchange
     # cannot be faster than the shaped link allows.
-    floor_seconds = tensor_bytes * steps * 8 / 10e6
+    # Every allreduce also waits at least one 50 ms one-way trip for the other device's data.
+    floor_seconds = tensor_bytes * steps * 8 / 10e6 + steps * 0.05
     assert all(report["exchange_seconds"] >= 0.8 * floor_seconds for report in reports), reports
+    # `fleet run` set Horovod for the links and counted the forwarding CPU apart from devices.
+    assert "fleet run: HOROVOD_GLOO_TIMEOUT_SECONDS=30" in completed.stderr
+    links = json.loads(summary.with_name("summary.links.json").read_text())
+    assert links["gloo_timeout_seconds"] == 30 and links["emulation_cpu_seconds"] > 0
     # Every device's exporter was registered with Prometheus file-SD while the run lasted.
     assert reports[0]["targets"] == [
         f"{test_fleet.address(1)}:19400",

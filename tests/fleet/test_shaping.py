@@ -14,16 +14,18 @@ TRANSFER_SECONDS = "3.5"
 
 def test_lte_uplink_and_downlink_rates_hold_within_15_percent(test_fleet):
     # Device 1 is on LTE (up 5, down 17.5 Mbit/s), device 2 on fibre (up 20, down 100): each
-    # transfer's bottleneck is one direction of the LTE device's link.
-    test_fleet.up("--mix", "lte:1,fibre:1")
+    # transfer's bottleneck is one direction of the LTE device's link. Rates only (plain veth):
+    # the delayed links' rates are checked in test_link_emulation.py.
+    test_fleet.up("--mix", "lte:1,fibre:1", "--latency", "off")
     lte, fibre = test_fleet.device(1), test_fleet.device(2)
     results = {}
     for sender, receiver in ((lte, fibre), (fibre, lte)):
         completed = test_fleet.cli(
-            "measure", "--from", sender, "--to", receiver, "--seconds", TRANSFER_SECONDS, "--json"
-        )
+            "measure", "--from", sender, "--to", receiver, "--seconds", TRANSFER_SECONDS, "--json",
+            "--no-round-trip",
+        )  # fmt: skip
         assert completed.returncode == 0, completed.stderr
-        results[sender] = json.loads(completed.stdout)
+        results[sender] = json.loads(completed.stdout)["rate"]
     uplink, downlink = results[lte], results[fibre]
     assert uplink["shaped_bits_per_second"] == 5_000_000
     assert downlink["shaped_bits_per_second"] == 17_500_000

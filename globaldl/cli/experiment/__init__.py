@@ -17,12 +17,15 @@ from globaldl.cli.experiment import (
     balance,
     bottleneck,
     devices,
+    latency,
     learning,
     recovery,
     report,
     resources,
     rounds,
+    scale,
     scaling,
+    sites,
 )
 from globaldl.cli.experiment.options import parse_cycle_time, parse_int_list
 
@@ -43,6 +46,9 @@ app.command(name="bottleneck")(bottleneck.bottleneck)
 app.command(name="recovery")(recovery.recovery)
 app.command(name="balance")(balance.balance)
 app.command(name="rounds")(rounds.rounds)
+app.command(name="latency")(latency.latency)
+app.command(name="scale")(scale.scale)
+app.command(name="sites")(sites.sites)
 app.command(name="scaling")(scaling.scaling)
 app.command(name="learning")(learning.learning)
 app.command(name="all")(all_experiments.all_experiments)
