@@ -217,7 +217,7 @@ def calibrate(
         )
     if all(item.experiment in fit_on for item in observations):
         raise ValueError("every run is in the calibration subset: nothing left to validate on")
-    with_latency = any(case.observation.profile.one_way_latency_ms > 0 for case in fitting)
+    with_latency = any(case.observation.profile.core_round_trip_ms > 0 for case in fitting)
     names = [name for name in GRIDS if with_latency or name != "latency_factor"]
     transfers: dict[float, list[dict[str, Transfers]]] = {}
 

@@ -110,7 +110,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
     link = dict(run.get("link") or {})
     if not link or ranks < 1:
         return None
-    profile = LinkProfile(**link)
+    profile = LinkProfile.from_config(link)
     if not run.get("latency_emulated", False):
         # The fleet shaped rates only: latency, jitter and loss in the profile never happened.
         profile = profile.rates_only()

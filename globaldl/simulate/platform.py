@@ -49,21 +49,13 @@ class Direction:
 
 
 def link_directions(profile: LinkProfile) -> tuple[Direction, Direction]:
-    """(uplink, downlink) of a profile.
-
-    Profiles carry one latency, jitter and loss for both directions today; a profile that names
-    them per direction (`up_one_way_latency_ms`, `down_jitter_ms`, ...) wins where it does.
-    """
-
-    def per_direction(direction: str, name: str) -> float:
-        return float(getattr(profile, f"{direction}_{name}", getattr(profile, name, 0.0)) or 0.0)
-
+    """(uplink, downlink) of a profile: its rate, one-way delay, jitter and loss per direction."""
     return tuple(  # type: ignore[return-value]
         Direction(
             kbit_per_second=float(getattr(profile, f"{direction}_kbit_per_second")),
-            one_way_latency_ms=per_direction(direction, "one_way_latency_ms"),
-            jitter_ms=per_direction(direction, "jitter_ms"),
-            loss_percent=per_direction(direction, "loss_percent"),
+            one_way_latency_ms=float(getattr(profile, f"{direction}_delay_ms")),
+            jitter_ms=float(getattr(profile, f"{direction}_jitter_ms")),
+            loss_percent=float(getattr(profile, f"{direction}_loss_percent")),
         )
         for direction in ("up", "down")
     )
