@@ -16,6 +16,7 @@ from globaldl.cli.experiment import (
     all_experiments,
     balance,
     bottleneck,
+    chaos,
     devices,
     learning,
     recovery,
@@ -40,6 +41,7 @@ app.command(name="resources")(resources.resources)
 app.command(name="ablation")(ablation.ablation)
 app.command(name="bottleneck")(bottleneck.bottleneck)
 app.command(name="recovery")(recovery.recovery)
+app.command(name="chaos")(chaos.chaos)
 app.command(name="balance")(balance.balance)
 app.command(name="scaling")(scaling.scaling)
 app.command(name="learning")(learning.learning)
