@@ -300,7 +300,7 @@ class ElasticState(_state_base()):  # type: ignore[misc]
                 log.warning("elastic: collective timeout now %d s", tightened)
                 return
             # The members changed while re-forming: a membership change after all.
-            self.gloo_timeout_seconds = tightened
+            self.events.append(ElasticEvent("hosts_changed", time.time(), old.size))
         self._tightened_last = False
         self._new_ring()
         self.trainer = Trainer(self.settings, exchange=old.exchange, phase_timing=self.phase_timing)
