@@ -31,6 +31,7 @@ from globaldl.experiments.chaos_trials import (
     compute_utilisation,
     measure_trials,
     split_trials,
+    step_utilisation,
     trial_faults,
     trial_schedule,
 )
@@ -69,6 +70,7 @@ class ChaosExperiment(Experiment):
         "median_seconds_revive_to_first_step",
         "val_accuracy",
         "compute_utilisation",
+        "step_utilisation",
         "training_seconds",
         "status",
     )
@@ -82,12 +84,19 @@ class ChaosExperiment(Experiment):
         trials: int | None = None,
         trials_per_run: int = 5,
         seed: int = 0,
+        collective_timeout_seconds: int = COLLECTIVE_TIMEOUT_SECONDS,
     ) -> None:
         super().__init__(quick=quick, cycle_time_ms=cycle_time_ms)
         self.profile = profile
         self.trials = trials or (2 if quick else MIN_TRIALS)
         self.trials_per_run = trials_per_run
         self.seed = seed
+        if not 1 <= collective_timeout_seconds < JOIN_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"collective timeout must be 1..{JOIN_TIMEOUT_SECONDS - 1} s (below the join "
+                f"timeout), got {collective_timeout_seconds}"
+            )
+        self.collective_timeout_seconds = collective_timeout_seconds
         self.schedule = trial_schedule(self.trials, DEVICES, seed)
         self.runs = split_trials(self.schedule, trials_per_run)
         self.epochs = EPOCHS_AROUND_TRIALS + EPOCHS_PER_TRIAL * max(len(r) for r in self.runs)
@@ -112,7 +121,7 @@ class ChaosExperiment(Experiment):
             "fleet_run_args": ("--elastic", "--min-np", "2", "--elastic-timeout-seconds", "120"),
             "env": {
                 JOIN_TIMEOUT_ENV: str(JOIN_TIMEOUT_SECONDS),
-                COLLECTIVE_TIMEOUT_ENV: str(COLLECTIVE_TIMEOUT_SECONDS),
+                COLLECTIVE_TIMEOUT_ENV: str(self.collective_timeout_seconds),
             },
             # An epoch takes well under a minute; the rest is a generous bound for recoveries.
             "timeout_seconds": 120.0 * self.epochs + 600.0,
@@ -156,9 +165,9 @@ class ChaosExperiment(Experiment):
             row["max_seconds_kill_to_next_step"] = _maximum(to_step)
             row["kills_without_next_step"] = sum(value is None for value in to_step)
             row["median_seconds_revive_to_first_step"] = _median(to_join)
-            row["compute_utilisation"] = (
-                compute_utilisation(result.summary) if result.summary is not None else None
-            )
+            run_summary = result.summary or {}
+            row["compute_utilisation"] = compute_utilisation(run_summary)
+            row["step_utilisation"] = step_utilisation(run_summary)
             row["faults"] = result.faults
             rows.append(row)
         return rows
@@ -264,7 +273,7 @@ class ChaosExperiment(Experiment):
             axes.set_ylabel("seconds")
             axes.set_title(
                 f"Chaos: {len(trials)} kills on {DEVICES} devices ({self.profile}), Gloo timeouts "
-                f"{JOIN_TIMEOUT_SECONDS} s join / {COLLECTIVE_TIMEOUT_SECONDS} s collective"
+                f"{JOIN_TIMEOUT_SECONDS} s join / {self.collective_timeout_seconds} s collective"
             )
             axes.legend()
 
@@ -277,14 +286,17 @@ class ChaosExperiment(Experiment):
             f"{COMPRESSION} under `globaldl fleet run --elastic --min-np 2` for {self.epochs} "
             f"epochs, committing every {COMMIT_EVERY} steps, with "
             f"{JOIN_TIMEOUT_ENV}={JOIN_TIMEOUT_SECONDS} and "
-            f"{COLLECTIVE_TIMEOUT_ENV}={COLLECTIVE_TIMEOUT_SECONDS}. {self.trials} trials "
+            f"{COLLECTIVE_TIMEOUT_ENV}={self.collective_timeout_seconds}. {self.trials} trials "
             f"(seed {self.seed}) in runs of {self.trials_per_run}: each kills one of devices "
             f"2-{DEVICES} (`globaldl fleet kill`: processes killed, link down) 5-25 s after the "
             "ring trains at full size (the first after epoch 1), and revives it 3-15 s after "
             "the survivors' ring formed. Device 1 is never killed: its worker stays rank 0 and "
             "its summary holds every membership change. Times come from the runner's fault "
             "times and the summary's `elastic.events` (one clock: this machine's). Compute "
-            "utilisation is rank 0's forward/backward seconds over its wall seconds."
+            "utilisation is rank 0's forward/backward seconds over its wall seconds, step "
+            "utilisation its seconds inside training steps (the exchange too) over its wall "
+            "seconds. `chaos-trials.csv` splits each kill's cost into detection (the collective "
+            "timeout) and re-formation (`seconds_detect_to_next_step`)."
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -295,6 +307,7 @@ class ChaosExperiment(Experiment):
             "trials": self.trials,
             "trials_per_run": self.trials_per_run,
             "seed": self.seed,
+            "collective_timeout_seconds": self.collective_timeout_seconds,
             "epochs": self.epochs,
             "schedule": [dict(trial.__dict__) for trial in self.schedule],
         }

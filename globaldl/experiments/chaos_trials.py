@@ -88,9 +88,16 @@ class TrialMeasurement:
     seconds_revive_to_first_step: float | None
     hang: bool
 
+    @property
+    def seconds_detect_to_next_step(self) -> float | None:
+        """The re-formation: rendezvous, trainer rebuilt for the new size, sync, first step."""
+        if self.seconds_kill_to_detect is None or self.seconds_kill_to_next_step is None:
+            return None
+        return self.seconds_kill_to_next_step - self.seconds_kill_to_detect
+
     def as_row(self) -> dict[str, Any]:
         """Plain data for the trials CSV."""
-        return dict(self.__dict__)
+        return {**self.__dict__, "seconds_detect_to_next_step": self.seconds_detect_to_next_step}
 
 
 def _first(events: Sequence[Mapping[str, Any]], start: float, end: float) -> list[Any]:
@@ -163,8 +170,22 @@ def measure_trials(
 
 def compute_utilisation(summary: Mapping[str, Any]) -> float | None:
     """Share of rank 0's wall time spent in the forward/backward pass (re-run steps included)."""
+    return _share_of_wall(summary, ("compute",))
+
+
+def step_utilisation(summary: Mapping[str, Any]) -> float | None:
+    """Share of rank 0's wall time spent inside training steps (every phase, the exchange too).
+
+    What is left is what churn costs (stalls, re-formations, rebuilt trainers) plus validation
+    and commits; the gap to `compute_utilisation` is the exchange's cost.
+    """
+    return _share_of_wall(summary, None)
+
+
+def _share_of_wall(summary: Mapping[str, Any], phases: Sequence[str] | None) -> float | None:
     wall = float(summary.get("wall_seconds") or 0.0)
-    compute = (summary.get("phase_seconds") or {}).get("compute")
-    if wall <= 0 or compute is None:
+    phase_seconds = summary.get("phase_seconds") or {}
+    names = list(phase_seconds) if phases is None else list(phases)
+    if wall <= 0 or not names or any(name not in phase_seconds for name in names):
         return None
-    return float(compute) / wall
+    return sum(float(phase_seconds[name]) for name in names) / wall

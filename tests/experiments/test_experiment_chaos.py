@@ -20,6 +20,7 @@ from globaldl.experiments.chaos_trials import (
     compute_utilisation,
     measure_trials,
     split_trials,
+    step_utilisation,
     trial_faults,
     trial_schedule,
 )
@@ -79,6 +80,8 @@ def test_the_full_plan_has_20_trials_in_runs_beside_an_undisturbed_run() -> None
         assert spec.option("--commit-every") == str(COMMIT_EVERY)
         assert spec.train_args == specs[0].train_args
     assert RunSpec.from_config(specs[1].get_config()) == specs[1]
+    shorter = ChaosExperiment(collective_timeout_seconds=5).plan()[1]
+    assert shorter.env["GLOBALDL_GLOO_COLLECTIVE_TIMEOUT_SECONDS"] == "5"
 
 
 def _kill(device: str, at: float) -> dict[str, Any]:
@@ -125,6 +128,7 @@ def test_trial_metrics_come_from_fault_times_and_elastic_events() -> None:
     assert first.seconds_kill_to_next_step == pytest.approx(18.0)
     assert first.lost_steps == 7
     assert first.seconds_revive_to_first_step == pytest.approx(27.0)
+    assert first.as_row()["seconds_detect_to_next_step"] == pytest.approx(7.5)
     assert second.seconds_kill_to_next_step == pytest.approx(9.0)
     assert second.lost_steps == 0
     assert second.seconds_revive_to_first_step == pytest.approx(28.0)
@@ -143,9 +147,12 @@ def test_a_kill_without_a_next_step_is_a_hang_only_when_the_run_did_not_finish()
     assert measure_trials(failed_kill, EVENTS, run_finished=True) == []
 
 
-def test_compute_utilisation_is_compute_seconds_over_wall_seconds() -> None:
-    assert compute_utilisation({"wall_seconds": 200.0, "phase_seconds": {"compute": 50.0}}) == 0.25
+def test_utilisations_are_compute_and_step_seconds_over_wall_seconds() -> None:
+    run = {"wall_seconds": 200.0, "phase_seconds": {"compute": 50.0, "exchange": 70.0}}
+    assert compute_utilisation(run) == 0.25
+    assert step_utilisation(run) == 0.6
     assert compute_utilisation({"wall_seconds": 0.0, "phase_seconds": {"compute": 1.0}}) is None
+    assert step_utilisation({"wall_seconds": 10.0}) is None
 
 
 def test_rows_and_targets_judge_hangs_losses_time_and_accuracy() -> None:
@@ -176,7 +183,18 @@ def test_chaos_dry_run_plans_without_touching_the_system(tmp_path: Path) -> None
     out = tmp_path / "out"
     outcome = CliRunner().invoke(
         app,
-        ["chaos", "--dry-run", "--trials", "6", "--trials-per-run", "4", "--out", str(out)],
+        [
+            "chaos",
+            "--dry-run",
+            "--trials",
+            "6",
+            "--trials-per-run",
+            "4",
+            "--collective-timeout-seconds",
+            "5",
+            "--out",
+            str(out),
+        ],
     )
     assert outcome.exit_code == 0, outcome.output
     assert "chaos: 3 runs" in outcome.output  # undisturbed + 2 chaos runs (4 + 2 trials)
@@ -184,3 +202,5 @@ def test_chaos_dry_run_plans_without_touching_the_system(tmp_path: Path) -> None
     assert outcome.output.count("globaldl fleet up -n 4 --profile lte --cpu 0.5") == 1
     assert "--epochs 34" in outcome.output  # 2 + 8 per trial of the longest run
     assert not out.exists()
+    too_long = CliRunner().invoke(app, ["chaos", "--dry-run", "--collective-timeout-seconds", "60"])
+    assert too_long.exit_code == 2 and "collective timeout must be 1..59 s" in too_long.output

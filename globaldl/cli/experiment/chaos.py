@@ -25,6 +25,13 @@ def chaos(
         int, typer.Option(min=1, help="Trials in one elastic run (its length follows).")
     ] = 5,
     seed: Annotated[int, typer.Option(help="Seed of the trial schedule.")] = 0,
+    collective_timeout_seconds: Annotated[
+        int,
+        typer.Option(
+            help="GLOBALDL_GLOO_COLLECTIVE_TIMEOUT_SECONDS of the workers: how long survivors "
+            "wait for a vanished device once a ring trains (the join timeout stays 60 s)."
+        ),
+    ] = 10,
 ) -> None:
     """Chaos: seeded random kills and revives on an elastic, compressed fleet."""
 
@@ -38,6 +45,7 @@ def chaos(
             trials=trials,
             trials_per_run=trials_per_run,
             seed=seed,
+            collective_timeout_seconds=collective_timeout_seconds,
         )
 
     run_and_exit(build, shared)
