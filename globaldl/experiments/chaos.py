@@ -48,10 +48,11 @@ COLLECTIVE_TIMEOUT_SECONDS = 10
 MAX_SECONDS_KILL_TO_NEXT_STEP = 30.0
 MAX_ACCURACY_LOSS = 0.01
 MIN_TRIALS = 20
-# Epochs a trial needs (an epoch of LeNet on 4 half-core devices takes ~10 s; a trial
-# ~60-90 s: kill delay, detection and re-formation, revive delay, the joiner's start-up),
-# plus two epochs before the first kill and after the last revive.
-EPOCHS_PER_TRIAL = 8
+# Epochs a trial needs: the ring trains during the kill delay (5-25 s) and the revive delay
+# (3-15 s), at most 40 s per trial, and stalls the rest (detection, re-formation, the joiner's
+# start-up); an epoch of LeNet on 4 half-core devices takes ~8-12 s (a one-trial smoke).
+# Two more epochs before the first kill and after the last revive.
+EPOCHS_PER_TRIAL = 5
 EPOCHS_AROUND_TRIALS = 2
 
 

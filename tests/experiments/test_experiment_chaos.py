@@ -200,7 +200,7 @@ def test_chaos_dry_run_plans_without_touching_the_system(tmp_path: Path) -> None
     assert "chaos: 3 runs" in outcome.output  # undisturbed + 2 chaos runs (4 + 2 trials)
     assert "x 3 repeats, interleaved = 9 runs" in outcome.output
     assert outcome.output.count("globaldl fleet up -n 4 --profile lte --cpu 0.5") == 1
-    assert "--epochs 34" in outcome.output  # 2 + 8 per trial of the longest run
+    assert "--epochs 22" in outcome.output  # 2 + 5 per trial of the longest run
     assert not out.exists()
     too_long = CliRunner().invoke(app, ["chaos", "--dry-run", "--collective-timeout-seconds", "60"])
     assert too_long.exit_code == 2 and "collective timeout must be 1..59 s" in too_long.output
