@@ -49,12 +49,14 @@ Known failure modes of Horovod Elastic, and what guards against each:
 - A new worker hanging in its first broadcast: a worker must not run a collective before the
   elastic loop's first synchronisation. Building a `Trainer` runs none, and the run id travels
   in the synchronised state.
-- A joining worker that starts slower than HOROVOD_GLOO_TIMEOUT_SECONDS (Horovod's default
-  30 s): the re-formed ring's rendezvous gives up waiting for it and every worker aborts
-  (measured on the fleet: at 10 s a revived 0.5-core device, which needs ~20 s to import
-  TensorFlow, took the whole run down). The same timeout is how long survivors wait for a
-  device that vanished silently, so it trades detection time against slow joiners; keep it
-  above the slowest device's start-up.
+- A joining worker that starts slower than the Gloo timeout: the re-formed ring's rendezvous
+  gives up waiting for it and every worker aborts (measured on the fleet: at 10 s a revived
+  0.5-core device, which needs ~20 s to import TensorFlow, took the whole run down). The same
+  Horovod timeout is how long survivors wait for a device that vanished silently. Two timeouts
+  (globaldl/elastic_timeouts.py): every ring forms under the long join timeout
+  (GLOBALDL_GLOO_JOIN_TIMEOUT_SECONDS, 60 s), and once it has trained a few steps every worker
+  re-forms it under the short collective timeout (GLOBALDL_GLOO_COLLECTIVE_TIMEOUT_SECONDS,
+  10 s, or 4x the slowest step if longer), at the same committed step, keeping its trainer.
 - State restored at different steps on different ranks: after a failure each survivor rolls
   back to its own last commit, which can differ if the failure struck during a commit; the
   synchronisation that follows overwrites every worker's shared state with rank 0's, so all
@@ -73,6 +75,7 @@ import numpy as np
 import tensorflow as tf
 
 from globaldl import summary
+from globaldl.elastic_timeouts import STEPS_BEFORE_TIGHTENING, GlooTimeouts, use_gloo_timeout
 from globaldl.monitoring import NullObserver, TrainingObserver
 from globaldl.settings import TrainSettings
 from globaldl.trainer import EpochResult, RunTotals, Trainer, optimizer_variables
@@ -135,6 +138,13 @@ class ElasticState(_state_base()):  # type: ignore[misc]
     def __init__(self, settings: TrainSettings, phase_timing: bool = True) -> None:
         self.settings = settings
         self.phase_timing = phase_timing
+        # The first ring waits for every worker's start-up: the long join timeout.
+        self.timeouts = GlooTimeouts.from_env()
+        self.gloo_timeout_seconds = self.timeouts.join_seconds
+        use_gloo_timeout(self.gloo_timeout_seconds)
+        self._new_ring()
+        self.tightenings: list[dict[str, Any]] = []
+        self._tightened_last = False
         self.trainer = Trainer(settings, phase_timing=phase_timing)
         exchange = self.trainer.exchange
         # Shared Python state (rank 0's wins at every sync).
@@ -187,13 +197,57 @@ class ElasticState(_state_base()):  # type: ignore[misc]
 
     # -------------------------------------------------------------- Horovod's State API
     def commit(self) -> None:
-        """Average the ranks' moving statistics, then commit (save, check for new hosts).
+        """Average the ranks' moving statistics, commit (save, check for new hosts), tighten.
 
         After the average every worker commits the same shared state, so whichever worker
         ends up rank 0 after a failure, the state broadcast from it is the fleet's.
         """
         self.trainer.synchronise_local_statistics()
         super().commit()
+        self._tighten_if_safe()
+
+    # -------------------------------------------------------------- the two Gloo timeouts
+    def _new_ring(self) -> None:
+        """A ring formed under the join timeout: time its steps afresh, decide again."""
+        self._timeout_decided = False
+        self._steps_timed = 0
+        self._slowest_step_seconds = 0.0
+        self._tighten_to: int | None = None
+
+    def _tighten_if_safe(self) -> None:
+        """Once per ring, after a few timed steps: re-form it under the collective timeout.
+
+        Rank 0 decides from its slowest step and broadcasts the decision, so every worker
+        raises the interrupt at this same committed step (or none does). The state was just
+        committed on every worker; the synchronisation still runs (one broadcast of the shared
+        state), in case a device joined while the ring re-formed.
+        """
+        if self._timeout_decided or self._steps_timed < STEPS_BEFORE_TIGHTENING:
+            return
+        from horovod.common.exceptions import HostsUpdatedInterrupt
+
+        self._timeout_decided = True
+        proposal = self.timeouts.safe_collective_seconds(self._slowest_step_seconds)
+        exchange = self.trainer.exchange
+        seconds = _collective_failures_as_horovod_errors(
+            lambda: exchange.broadcast_object(proposal, "elastic_gloo_timeout")
+        )
+        if seconds is None or seconds >= self.gloo_timeout_seconds:
+            return
+        self._tighten_to = int(seconds)
+        raise HostsUpdatedInterrupt(False)
+
+    def restart_ring(self) -> None:
+        """Leave the ring and form the next one under the timeout it needs.
+
+        A re-formation for a membership change may wait for a joining worker: join timeout.
+        A tightening re-forms the same warm members: collective timeout.
+        """
+        self.gloo_timeout_seconds = (
+            self._tighten_to if self._tighten_to is not None else self.timeouts.join_seconds
+        )
+        use_gloo_timeout(self.gloo_timeout_seconds)
+        self.trainer.exchange.restart()
 
     def save(self) -> None:
         """Commit: copy the shared and local state to host memory."""
@@ -243,8 +297,25 @@ class ElasticState(_state_base()):  # type: ignore[misc]
             raise
 
     def reset(self) -> None:
-        """The ring re-formed: rebuild the trainer for the new size and move the state in."""
+        """The ring re-formed: rebuild the trainer for the new size and move the state in.
+
+        A tightening that found the same members keeps the trainer (and its traced step).
+        """
         old = self.trainer
+        exchange = old.exchange
+        if self._tighten_to is not None:
+            tightened, self._tighten_to = self._tighten_to, None
+            if (exchange.size, exchange.rank) == (old.size, old.rank):
+                self.tightenings.append(
+                    {"at": time.time(), "step": int(old.step.numpy()), "seconds": tightened}
+                )
+                self._tightened_last = True
+                log.warning("elastic: collective timeout now %d s", tightened)
+                return
+            # The members changed while re-forming: a membership change after all.
+            self.events.append(ElasticEvent("hosts_changed", time.time(), old.size))
+        self._tightened_last = False
+        self._new_ring()
         self.trainer = Trainer(self.settings, exchange=old.exchange, phase_timing=self.phase_timing)
         if old.rounds is not None and self.trainer.rounds is not None:
             self.trainer.rounds.totals = old.rounds.totals  # the run's rounds, not the ring's
@@ -271,15 +342,22 @@ class ElasticState(_state_base()):  # type: ignore[misc]
         self._take_shared_objects(_collective_failures_as_horovod_errors(broadcast))
         if trainer.rounds is not None:
             trainer.rounds.after_restore(int(trainer.step.numpy()), own_state_found=True)
-        if self.events:
+        if self.events and not self._tightened_last:
             self.events[-1].step = int(trainer.step.numpy())
         self.save()
 
     # -------------------------------------------------------------- reporting
-    def note_step_done(self) -> None:
-        """Record when the first step after a membership change completed."""
+    def note_step_done(self, seconds: float | None = None) -> None:
+        """Record when the first step after a membership change completed, and how long steps take.
+
+        `seconds` is the step's wall time; None for a step that does not count (the first on a
+        ring traces the step function).
+        """
         if self.events and self.events[-1].first_step_at is None:
             self.events[-1].first_step_at = time.time()
+        if seconds is not None:
+            self._steps_timed += 1
+            self._slowest_step_seconds = max(self._slowest_step_seconds, seconds)
 
     def elastic_summary(self) -> dict[str, Any]:
         """The summary's `elastic` section: sizes, resets, lost steps, events."""
@@ -290,6 +368,9 @@ class ElasticState(_state_base()):  # type: ignore[misc]
             "sizes": list(self.sizes),
             "residual_policy": RESIDUAL_POLICY,
             "events": [dict(event.__dict__) for event in self.events],
+            "gloo_join_timeout_seconds": self.timeouts.join_seconds,
+            "gloo_collective_timeout_seconds": self.timeouts.collective_seconds,
+            "tightenings": list(self.tightenings),
         }
 
 
@@ -338,6 +419,7 @@ class _ElasticLoop:
         trainer = state.trainer
         steps_per_epoch = trainer.steps_per_epoch
         last = EpochResult(state.epoch, float("nan"), 0.0, float("nan"), 0.0, 0.0, 0.0)
+        first_step_of_entry = True
         while state.epoch < settings.epochs:
             first = min(steps_per_epoch, round(state.fraction * steps_per_epoch))
             epoch_started = time.perf_counter()
@@ -347,10 +429,14 @@ class _ElasticLoop:
             step = int(trainer.step.numpy())
             progress = trainer.epoch_progress(state.epoch, first)
             for index in range(first, steps_per_epoch):
+                step_started = time.perf_counter()
                 trainer.run_step(iterator, self.observer, self.totals, state.epoch_totals)
                 progress.step_done(index + 1)
                 step += 1
-                state.note_step_done()
+                # The first step after (re-)entering traces the step function: not timed.
+                timed = not first_step_of_entry
+                first_step_of_entry = False
+                state.note_step_done(time.perf_counter() - step_started if timed else None)
                 state.fraction = (index + 1) / steps_per_epoch
                 if self._commit_due(trainer, step, state.committed_step):
                     state.commit()
@@ -386,7 +472,7 @@ def run_elastic(settings: TrainSettings) -> dict[str, Any]:
     state = ElasticState(settings)
     loop = _ElasticLoop(settings)
     try:
-        result = run_fn(loop, lambda: state.trainer.exchange.restart())(state)
+        result = run_fn(loop, state.restart_ring)(state)
     finally:
         loop.observer.close()
     if state.trainer.rank == 0 and settings.summary is not None:

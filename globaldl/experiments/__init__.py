@@ -8,6 +8,7 @@ from globaldl.experiments.ablation import AblationExperiment, Variant
 from globaldl.experiments.analysis import TargetCheck, time_to_target
 from globaldl.experiments.balance import BalanceExperiment
 from globaldl.experiments.bottleneck import BottleneckExperiment
+from globaldl.experiments.chaos import ChaosExperiment
 from globaldl.experiments.devices import DevicesExperiment, Schedule
 from globaldl.experiments.experiment import (
     Experiment,
@@ -32,6 +33,7 @@ EXPERIMENTS: dict[str, type[Experiment]] = {
     "ablation": AblationExperiment,
     "bottleneck": BottleneckExperiment,
     "recovery": RecoveryExperiment,
+    "chaos": ChaosExperiment,
     "balance": BalanceExperiment,
     "rounds": RoundsExperiment,
     "latency": LatencyExperiment,
@@ -60,6 +62,7 @@ __all__ = [
     "AblationExperiment",
     "BalanceExperiment",
     "BottleneckExperiment",
+    "ChaosExperiment",
     "DevicesExperiment",
     "Experiment",
     "ExperimentReport",

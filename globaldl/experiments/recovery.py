@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from globaldl.elastic_timeouts import COLLECTIVE_TIMEOUT_ENV
 from globaldl.experiments.analysis import TargetCheck
 from globaldl.experiments.experiment import Experiment, run_row
 from globaldl.experiments.outputs import number_or_none, save_figure
@@ -126,7 +127,12 @@ class RecoveryExperiment(Experiment):
             "train_args": args,
             "cycle_time_ms": self.cycle_time_ms,
             "fleet_run_args": ("--elastic", "--min-np", "2", "--elastic-timeout-seconds", "120"),
-            "env": {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_SECONDS)},
+            # One timeout for joins and collectives alike (no re-formation under a shorter
+            # one): the single-timeout baseline the `chaos` experiment's two timeouts improve on.
+            "env": {
+                "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_SECONDS),
+                COLLECTIVE_TIMEOUT_ENV: str(GLOO_TIMEOUT_SECONDS),
+            },
             "timeout_seconds": 900.0,
         }
         specs = [RunSpec(label="uninterrupted", factors={"scenario": "uninterrupted"}, **common)]

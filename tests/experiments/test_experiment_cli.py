@@ -128,6 +128,7 @@ def test_all_dry_run_prints_every_plan() -> None:
         ("ablation", "5"),
         ("bottleneck", "4"),
         ("recovery", "2"),
+        ("chaos", "2"),
         ("balance", "2"),
         ("rounds", "4"),
         ("latency", "4"),

@@ -16,6 +16,7 @@ from globaldl.cli.experiment import (
     all_experiments,
     balance,
     bottleneck,
+    chaos,
     devices,
     latency,
     learning,
@@ -44,6 +45,7 @@ app.command(name="resources")(resources.resources)
 app.command(name="ablation")(ablation.ablation)
 app.command(name="bottleneck")(bottleneck.bottleneck)
 app.command(name="recovery")(recovery.recovery)
+app.command(name="chaos")(chaos.chaos)
 app.command(name="balance")(balance.balance)
 app.command(name="rounds")(rounds.rounds)
 app.command(name="latency")(latency.latency)
