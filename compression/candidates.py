@@ -44,8 +44,8 @@ def uses_candidates(size: int, num_kept: int | tf.Tensor) -> bool:
     """Whether the sampled path can pay off (a static decision)."""
     if size < MIN_ELEMENTS:
         return False
-    if isinstance(num_kept, tf.Tensor):
-        return True
+    if isinstance(num_kept, tf.Tensor):  # DGC's warm-up: k unknown until run time
+        return size >= LARGE_ELEMENTS
     large_enough = num_kept >= MIN_KEPT or size >= LARGE_ELEMENTS
     return large_enough and 0 < num_kept <= MAX_KEPT_FRACTION * size
 
