@@ -7,6 +7,7 @@ import math
 import tensorflow as tf
 
 from globaldl.compression.base import check_range, check_type
+from globaldl.compression.candidates import top_k_indices
 from globaldl.compression.sparsifier import SPARSIFIERS, Sparsifier
 
 DEFAULT_SAMPLE_RATIO = 0.01
@@ -103,7 +104,12 @@ class Threshold(SampledThresholdMixin, Sparsifier):
 
     def select(self, magnitudes, num_kept, seed):  # noqa: D102
         size = int(magnitudes.shape[0])
-        fraction = tf.cast(num_kept, tf.float64) / size
-        threshold = estimate_threshold(magnitudes, fraction, self.num_samples(size), seed)
+        num_samples = self.num_samples(size)
+        if num_samples >= size:  # exact: the k-th largest magnitude
+            top = top_k_indices(magnitudes, num_kept, seed)
+            threshold = tf.reduce_min(tf.gather(magnitudes, top))
+        else:
+            fraction = tf.cast(num_kept, tf.float64) / size
+            threshold = estimate_threshold(magnitudes, fraction, num_samples, seed)
         chosen = tf.logical_and(magnitudes >= threshold, magnitudes > 0.0)
         return tf.cast(tf.where(chosen)[:, 0], tf.int32)

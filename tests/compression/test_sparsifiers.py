@@ -58,6 +58,39 @@ def test_randomk_keeps_exactly_k_distinct_allowed_entries_and_varies_with_the_se
     assert len(covered) > 0.5 * 667  # spread over the allowed entries, not stuck on a few
 
 
+def test_randomk_draws_k_positions_without_a_pass_over_the_tensor(monkeypatch):
+    def whole_tensor(*args):
+        raise AssertionError("fell back to a priority per entry")
+
+    monkeypatch.setattr(RandomK, "_by_priority", staticmethod(whole_tensor))
+    magnitudes = tf.ones([48_000])
+    for s in range(20):
+        chosen = RandomK().select(magnitudes, 480, seed(s)).numpy()
+        assert len(np.unique(chosen)) == 480 and np.all(np.diff(chosen) > 0)
+
+
+def test_randomk_picks_every_entry_equally_often():
+    size, k, draws = 1000, 50, 400
+    counts = np.zeros(size)
+    select = tf.function(lambda s: RandomK().select(tf.ones([size]), k, s))
+    for s in range(draws):
+        counts[select(seed(s)).numpy()] += 1
+    expected = draws * k / size  # 20 per entry
+    chi_square = np.sum((counts - expected) ** 2 / expected)
+    # 999 degrees of freedom: mean 999, standard deviation about 45 (bounds at 5 sd)
+    assert 999 - 225 < chi_square < 999 + 225, chi_square
+
+
+def test_randomk_falls_back_to_a_full_draw_when_most_entries_are_excluded():
+    magnitudes = np.full(10_000, EXCLUDED, np.float32)
+    allowed = np.random.default_rng(4).choice(10_000, 300, replace=False)
+    magnitudes[allowed] = 1.0
+    for s in range(5):
+        chosen = RandomK().select(tf.constant(magnitudes), 100, seed(s)).numpy()
+        assert len(np.unique(chosen)) == 100
+        assert np.all(magnitudes[chosen] == 1.0)
+
+
 def test_small_tensors_use_an_exact_threshold():
     assert sample_elements(65_536, 0.01, 16_384) == 65_536
     assert sample_elements(200_000, 0.01, 16_384) == 16_384
