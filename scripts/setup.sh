@@ -52,7 +52,9 @@ fi
 pip_quiet install -q --upgrade "pip>=24" "setuptools>=77,<81" wheel
 log "installing globaldl and its pinned dependencies"
 # deploy: ansible-core, for deploy/ansible (provisioning real devices).
-pip_quiet install -q -e "$repo[dev,deploy]"
+# setuptools' notice about editable installs is advice for src-less layouts, printed on every
+# set-up; the tests guard the real risk (pytest runs as a console script, see the Makefile).
+PYTHONWARNINGS="ignore:Editable installation" pip_quiet install -q -e "$repo[dev,deploy]"
 
 tf_version=$("$venv/bin/python" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
 py_tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')

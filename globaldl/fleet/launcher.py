@@ -190,7 +190,7 @@ def check_reachable(
             reason = "no answer" if isinstance(error, TimeoutError) else str(error)
             raise UnreachableDeviceError(
                 f"device {device.name} ({device.address}) is unreachable: {reason} from its "
-                f"sshd within {timeout_seconds:g} s; check its link (`globaldl fleet status`), "
+                f"sshd within {timeout_seconds:.3g} s; check its link (`globaldl fleet status`), "
                 "take it out with `globaldl fleet kill` or bring it back with `fleet revive`"
             ) from None
 
