@@ -8,8 +8,10 @@ import os
 import pwd
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,6 +105,33 @@ class FleetUnderTest:
             timeout=timeout_seconds,
             check=False,
         )
+
+    def up_killed_once(self, devices: int, *args: str) -> int:
+        """Start `fleet up ARGS` and SIGKILL it once `devices` devices are recorded; its exit code.
+
+        Waits at most 60 s for the devices before killing it anyway.
+        """
+        up = subprocess.Popen(
+            self.cli_argv("up", "--prefix", self.prefix, "--subnet", self.subnet, *args),
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            state_file = self.state_dir / "fleet.json"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                state = json.loads(state_file.read_text()) if state_file.exists() else {}
+                if len(state.get("devices", [])) >= devices:
+                    break
+                time.sleep(0.05)
+            up.send_signal(signal.SIGKILL)
+            up.communicate(timeout=30)
+        finally:
+            if up.poll() is None:
+                up.kill()
+        return up.returncode
 
     def up(self, *args: str) -> subprocess.CompletedProcess[str]:
         """`fleet up ARGS` with this test's prefix and subnet; fails the test if it fails."""

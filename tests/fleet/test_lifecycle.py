@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -149,37 +148,8 @@ def test_address_clash_is_refused_before_anything_is_created(test_fleet, assert_
 
 
 def test_down_cleans_up_after_fleet_up_is_killed_mid_way(test_fleet, assert_clean):
-    up = subprocess.Popen(
-        test_fleet.cli_argv(
-            "up",
-            "--prefix",
-            test_fleet.prefix,
-            "--subnet",
-            test_fleet.subnet,
-            "-n",
-            "6",
-            "--profile",
-            "custom:1:2",
-        ),
-        env=test_fleet.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            state_file = test_fleet.state_dir / "fleet.json"
-            state = json.loads(state_file.read_text()) if state_file.exists() else {"devices": []}
-            if len(state["devices"]) >= 2:
-                break
-            time.sleep(0.05)
-        up.send_signal(signal.SIGKILL)
-        up.communicate(timeout=30)
-    finally:
-        if up.poll() is None:
-            up.kill()
-    assert up.returncode == -signal.SIGKILL
+    returncode = test_fleet.up_killed_once(2, "-n", "6", "--profile", "custom:1:2")
+    assert returncode == -signal.SIGKILL
     before = leftovers(test_fleet.prefix, test_fleet.state_dir)
     assert len(before.get("namespaces", [])) >= 2 and sshd_pids_of(test_fleet.state_dir), before
     down = test_fleet.cli("down")

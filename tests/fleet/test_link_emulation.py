@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -94,38 +91,7 @@ def _refused_run(fleet, *train_args: str, gloo_timeout_seconds: str):
 def test_down_removes_every_switch_wirefilter_tap_and_namespace_after_a_killed_up(
     test_fleet, assert_clean
 ):
-    up = subprocess.Popen(
-        test_fleet.cli_argv(
-            "up",
-            "--prefix",
-            test_fleet.prefix,
-            "--subnet",
-            test_fleet.subnet,
-            "-n",
-            "5",
-            "--profile",
-            "custom:1:2:20",
-            "--memory",
-            "128",
-        ),  # fmt: skip
-        env=test_fleet.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            state_file = test_fleet.state_dir / "fleet.json"
-            state = json.loads(state_file.read_text()) if state_file.exists() else {"devices": []}
-            if len(state["devices"]) >= 2:
-                break
-            time.sleep(0.05)
-        up.send_signal(signal.SIGKILL)
-        up.communicate(timeout=30)
-    finally:
-        if up.poll() is None:
-            up.kill()
+    test_fleet.up_killed_once(2, "-n", "5", "--profile", "custom:1:2:20", "--memory", "128")
     before = leftovers(test_fleet.prefix, test_fleet.state_dir)
     assert len(before.get("link_emulation", [])) >= 6, before  # 3 processes per device link
     assert len(before.get("namespaces", [])) >= 2 and before.get("links"), before
