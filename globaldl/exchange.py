@@ -19,7 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from globaldl.collectives import CollectiveLedger
+from globaldl.collectives import CollectiveLedger, tx_bytes_per_wire_byte
 from globaldl.compression import Combine, WireSpec
 from globaldl.hierarchy import Hierarchy
 
@@ -130,16 +130,12 @@ def device_tx_bytes_per_step_model(
         return 0.0
     if hierarchy is not None:
         return hierarchy.leader_tx_bytes(payload_bytes_per_step)
-    if spec.combine is Combine.SUM:
-        return 2.0 * (num_ranks - 1) / num_ranks * payload_bytes_per_step
-    return float(num_ranks - 1) * payload_bytes_per_step
+    return tx_bytes_per_wire_byte(spec.combine.value, num_ranks) * payload_bytes_per_step
 
 
 def dense_device_tx_bytes_per_step_model(raw_bytes_per_step: int, num_ranks: int) -> float:
     """The same model for dense fp32 ring allreduce of the same gradients on as many ranks."""
-    if num_ranks <= 1:
-        return 0.0
-    return 2.0 * (num_ranks - 1) / num_ranks * raw_bytes_per_step
+    return tx_bytes_per_wire_byte(Combine.SUM.value, num_ranks) * raw_bytes_per_step
 
 
 def collectives_per_step(spec: WireSpec, hierarchy: Hierarchy | None = None) -> int:

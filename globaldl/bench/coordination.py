@@ -153,7 +153,7 @@ def run_coordination_bench(
 
 def coordination_rule_check(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     """Whether the auto cycle-time rule's bytes per cycle cover the busiest rank measured."""
-    from globaldl.experiments.cycle_time import COORDINATION_BYTES_PER_CYCLE
+    from globaldl.fleet.cycle_time import COORDINATION_BYTES_PER_CYCLE
 
     measured = max((row["max_tx_bytes_per_cycle"] for row in rows), default=None)
     if measured is None:
@@ -169,8 +169,8 @@ def coordination_rule_check(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """coordination.png: idle bytes per second per device against the cycle time."""
-    from globaldl.experiments.cycle_time import COORDINATION_BYTES_PER_CYCLE
     from globaldl.experiments.outputs import save_figure
+    from globaldl.fleet.cycle_time import COORDINATION_BYTES_PER_CYCLE
 
     def draw(figure: Any) -> None:
         axis = figure.subplots()

@@ -27,7 +27,6 @@ from globaldl.experiments.analysis import (
     seconds_or_not_reached,
     time_to_target,
 )
-from globaldl.experiments.cycle_time import HOROVOD_DEFAULT_CYCLE_TIME_MS, auto_cycle_time_ms
 from globaldl.experiments.experiment import Experiment, run_row
 from globaldl.experiments.outputs import save_figure
 from globaldl.experiments.runner import RunResult
@@ -39,6 +38,7 @@ from globaldl.experiments.spec import (
     compression_args,
     slug,
 )
+from globaldl.fleet.cycle_time import HOROVOD_DEFAULT_CYCLE_TIME_MS, auto_cycle_time_ms
 from globaldl.monitoring.phases import phase_shares
 
 SHAPED_UP_MBIT, SHAPED_DOWN_MBIT = 5, 20

@@ -38,7 +38,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from globaldl.experiments.analysis import mean_step_seconds, training_seconds
-from globaldl.experiments.cycle_time import auto_cycle_time_ms
 from globaldl.experiments.faults import FaultInjector
 from globaldl.experiments.fleet_run import run_once, save_result
 from globaldl.experiments.load import (
@@ -49,6 +48,7 @@ from globaldl.experiments.load import (
 from globaldl.experiments.progress import RunClock, ScheduledRun, earlier_run_seconds, interleave
 from globaldl.experiments.results import RunResult, load_results, portable
 from globaldl.experiments.spec import FleetConfig, RunSpec
+from globaldl.fleet.cycle_time import auto_cycle_time_ms
 from globaldl.fleet.fleet import Fleet, FleetLockTimeoutError
 from globaldl.fleet.plan import FleetPlan, plan_from_options
 from globaldl.fleet.profiles import (

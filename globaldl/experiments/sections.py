@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from globaldl.experiments.aggregate import MIN_REPEATS
 from globaldl.experiments.analysis import TargetCheck
-from globaldl.experiments.cycle_time import (
+from globaldl.experiments.results import RunResult
+from globaldl.fleet.cycle_time import (
     COORDINATION_BYTES_PER_CYCLE,
     CYCLE_TIME_LADDER_MS,
     HOROVOD_DEFAULT_CYCLE_TIME_MS,
     MAX_COORDINATION_SHARE,
     measured_coordination_text,
 )
-from globaldl.experiments.results import RunResult
 
 if TYPE_CHECKING:
     from globaldl.experiments.runner import ExperimentRunner
@@ -84,7 +84,7 @@ def link_notes(results: Sequence[RunResult]) -> str:
         f"the shortest of {', '.join(f'{value:g}' for value in CYCLE_TIME_LADDER_MS)} ms that "
         f"keeps idle coordination ({COORDINATION_BYTES_PER_CYCLE} bytes per device per cycle) "
         f"under {MAX_COORDINATION_SHARE:.0%} of the narrower direction "
-        "(globaldl/experiments/cycle_time.py).\n\n"
+        "(globaldl/fleet/cycle_time.py).\n\n"
         "What the byte columns mean: `wire_bytes_per_step` is what one rank handed to Horovod "
         "per step (payload); `compression_ratio` is dense fp32 bytes over that (a payload "
         "ratio). `device_tx_bytes_per_step_model` is what a device sends per step for the "

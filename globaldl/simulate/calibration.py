@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from globaldl.experiments.cycle_time import COORDINATION_BYTES_PER_CYCLE
+from globaldl.fleet.cycle_time import COORDINATION_BYTES_PER_CYCLE
 from globaldl.simulate.engine import LV08_LATENCY_FACTOR, TcpModel
 from globaldl.simulate.exchange import (
     ExchangeMode,

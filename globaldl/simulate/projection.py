@@ -162,7 +162,7 @@ def cycle_time_seconds(request: ProjectionRequest, fleet: Fleet) -> float:
     """HOROVOD_CYCLE_TIME as the fleet chooses it: by the narrowest link of any device."""
     if request.cycle_time_seconds is not None:
         return request.cycle_time_seconds
-    from globaldl.experiments.cycle_time import auto_cycle_time_ms
+    from globaldl.fleet.cycle_time import auto_cycle_time_ms
 
     narrowest_up = min(device.up.kbit_per_second for device in fleet.devices)
     narrowest_down = min(device.down.kbit_per_second for device in fleet.devices)

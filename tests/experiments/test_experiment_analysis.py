@@ -21,7 +21,7 @@ from globaldl.experiments.analysis import (
     training_seconds,
     wire_bytes_per_step,
 )
-from globaldl.experiments.cycle_time import (
+from globaldl.fleet.cycle_time import (
     CYCLE_TIME_LADDER_MS,
     MAX_COORDINATION_SHARE,
     auto_cycle_time_ms,

@@ -12,7 +12,7 @@ import pytest
 from experiment_fleet_support import fleet_skip_reason, free_subnet, leftovers
 
 from globaldl.experiments import ExperimentRunner, ResourcesExperiment, run_experiment
-from globaldl.experiments.cycle_time import auto_cycle_time_ms
+from globaldl.fleet.cycle_time import auto_cycle_time_ms
 from globaldl.fleet.fleet import Fleet
 
 SKIP_REASON = fleet_skip_reason()

@@ -18,8 +18,8 @@ from globaldl.experiments import (
     RunSpec,
 )
 from globaldl.experiments.ablation import ALL_VARIANTS, variants_by_label
-from globaldl.experiments.cycle_time import HOROVOD_DEFAULT_CYCLE_TIME_MS
 from globaldl.experiments.spec import COMPRESSION_PRESETS, compression_args, slug
+from globaldl.fleet.cycle_time import HOROVOD_DEFAULT_CYCLE_TIME_MS
 from globaldl.fleet.profiles import device_profiles, load_profiles
 from globaldl.settings import resolve_settings
 
