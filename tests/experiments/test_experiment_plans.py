@@ -105,6 +105,8 @@ def test_devices_full_plan_spans_1_to_8_devices_lenet_both_ways_resnet_compresse
     }  # fmt: skip
     # Fixed CPU per device: adding a device adds compute.
     assert {spec.fleet.cpu_cores_per_device for spec in plan} == {0.25}
+    # lte's rates without its delay (what delay adds is the latency experiment's).
+    assert {spec.fleet.profile for spec in plan} == {"custom:5:17.5"}
     for spec in plan:
         tail = spec.train_args[-8:-2]
         if spec.factors["compression"] == "prune+quantize":

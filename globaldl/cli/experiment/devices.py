@@ -19,7 +19,10 @@ def devices(
     device_counts: Annotated[
         str | None, typer.Option(help="Fleet sizes [default: 1,2,4,8; quick: 1,2,4].")
     ] = None,
-    profile: Annotated[str, typer.Option(help="Link profile of every device.")] = "lte",
+    profile: Annotated[
+        str | None,
+        typer.Option(help="Link profile of every device [default: lte's rates, no delay]."),
+    ] = None,
     cpu: Annotated[float | None, typer.Option("--cpu", help="CPU cores per device.")] = None,
     lenet_target: Annotated[float, typer.Option(help="Target val_accuracy, LeNet/MNIST.")] = 0.90,
     resnet_target: Annotated[
