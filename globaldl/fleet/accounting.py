@@ -155,6 +155,7 @@ class ByteAccounting:
     cycle_time_ms: float | None = None
     calibration: Calibration | None = None
     coordination_cycles: int | None = None
+    round_trip_seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -205,6 +206,7 @@ class ByteAccounting:
             "coordination_seconds": self.coordination_seconds,
             "horovod_cycle_time_ms": self.cycle_time_ms,
             "coordination_cycles": self.coordination_cycles,
+            "round_trip_seconds": self.round_trip_seconds,
             "coordination_payload_bytes_per_second": self.coordination_payload_bytes_per_second,
             "unexplained_tx_bytes": self.unexplained_tx_bytes,
             "calibration": self.calibration.to_dict() if self.calibration else None,
@@ -270,6 +272,7 @@ def account_bytes(
     cycle_time_ms: float | None = None,
     calibration: Calibration | None = None,
     coordination_cycles: int | None = None,
+    round_trip_seconds: float = 0.0,
 ) -> ByteAccounting:
     """Per-device counter deltas (`before`/`after`: device -> counters) against the model.
 
@@ -279,8 +282,14 @@ def account_bytes(
     `coordination_cycles`: Horovod's cycles in the run, when counted (rank 0's timeline with
     HOROVOD_TIMELINE_MARK_CYCLES); the calibration's bytes per cycle then model coordination
     exactly. Otherwise its bytes per idle second do, which overstates it when the loop ran
-    late (a busy device runs fewer cycles).
+    late (a busy device runs fewer cycles). `round_trip_seconds`: the fleet's worst device
+    round trip. Every cycle's requests go to the coordinator and its answer comes back, so a
+    cycle takes at least one round trip: where that is longer than the calibrated cycle (which
+    was measured on links without delay), the cycles counted per second are at most one per
+    round trip.
     """
+    if not round_trip_seconds >= 0:
+        raise ValueError(f"round_trip_seconds must be >= 0, got {round_trip_seconds!r}")
     missing = sorted(set(before) ^ set(after))
     if missing:
         raise ValueError(f"counters before and after the run cover different devices: {missing}")
@@ -333,7 +342,11 @@ def account_bytes(
             if coordination_cycles is not None:
                 coordination = of_rank(idle.payload_bytes_per_cycle) * coordination_cycles
             elif coordination_seconds is not None:
-                coordination = of_rank(idle.payload_bytes_per_second) * coordination_seconds
+                if round_trip_seconds * idle.cycles_per_second > 1:
+                    per_cycle = of_rank(idle.payload_bytes_per_cycle)
+                    coordination = per_cycle * coordination_seconds / round_trip_seconds
+                else:
+                    coordination = of_rank(idle.payload_bytes_per_second) * coordination_seconds
             extra = {
                 "launch_tx_bytes": calibration.launch_payload_bytes,
                 "init_tx_bytes": of_rank(tuple(map(float, idle.init_payload_bytes))),
@@ -358,5 +371,6 @@ def account_bytes(
         cycle_time_ms=cycle_time_ms,
         calibration=calibration,
         coordination_cycles=coordination_cycles,
+        round_trip_seconds=round_trip_seconds,
         notes=tuple(notes),
     )

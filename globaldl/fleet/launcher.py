@@ -206,8 +206,12 @@ def run_on_fleet(
     env: dict[str, str] | None = None,
     elastic: ElasticOptions | None = None,
     reach_timeout_seconds: float = REACH_TIMEOUT_SECONDS,
+    round_trip_seconds: float = 0.0,
 ) -> FleetRunResult:
     """Launch the request on every live device, then compare interface counters with the summary.
+
+    `round_trip_seconds`: the devices' worst round trip, which bounds Horovod's coordination
+    cycles in the byte accounting (see `account_bytes`).
 
     Registers one Prometheus file-SD target per device (its address : the request's metrics
     port) while the run lasts, when `targets_dir` is given and the request has a port.
@@ -266,6 +270,7 @@ def run_on_fleet(
             env=env,
             started_unix_seconds=started_wall,
             cpu_cores_per_device=devices[0].cpu_cores if devices else None,
+            round_trip_seconds=round_trip_seconds,
         )
         accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
         write_json_atomically(accounting_path, accounting.to_dict())

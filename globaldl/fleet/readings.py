@@ -119,6 +119,7 @@ def account_fleet_run(
     env: dict[str, str] | None,
     started_unix_seconds: float,
     cpu_cores_per_device: float | None,
+    round_trip_seconds: float = 0.0,
 ) -> ByteAccounting:
     """The byte accounting of a finished run, with the committed calibration if one matches."""
     summary = json.loads(Path(summary_path).read_text())
@@ -137,4 +138,5 @@ def account_fleet_run(
             cpu_cores_per_device=cpu_cores_per_device,
         ),
         coordination_cycles=cycles_in_timeline(env, since_unix_seconds=started_unix_seconds),
+        round_trip_seconds=round_trip_seconds,
     )

@@ -15,7 +15,6 @@ def test_latency_plan_sweeps_the_delay_per_access_link_for_three_codecs():
     plan = LatencyExperiment().plan()
     assert [spec.fleet.profile for spec in plan[::3]] == [
         "custom:5:20",
-        "custom:5:20:10",
         "custom:5:20:25",
         "custom:5:20:50",
         "custom:5:20:100",
@@ -29,7 +28,9 @@ def test_latency_plan_sweeps_the_delay_per_access_link_for_three_codecs():
     assert {spec.factors["delay_ms"] for spec in full} == {0}
     assert all(spec.option("--max-steps-per-epoch") is None for spec in full)
     assert {spec.option("--max-steps-per-epoch") for spec in bounded} == {"8"}
-    assert all(spec.option("--epochs") == "2" for spec in plan)
+    # Three epochs to the target: top-k + int8 reaches 0.90 only in its third.
+    assert {spec.option("--epochs") for spec in full} == {"3"}
+    assert {spec.option("--epochs") for spec in bounded} == {"2"}
     with pytest.raises(ValueError, match="include 0"):
         LatencyExperiment(delays_ms=(25, 50))
 

@@ -122,6 +122,26 @@ def test_with_a_calibration_the_accounting_says_what_is_left_unexplained():
     assert accounting.unexplained_tx_bytes == pytest.approx(1_000_000 - expected)
 
 
+def test_on_delayed_links_coordination_counts_at_most_one_cycle_per_round_trip():
+    summary = _summary(
+        COMPRESSED, exchange={"combine": "gather", "horovod_started_unix_seconds": 100.0}
+    )
+    options = {"summary_written_unix_seconds": 120.0, "cycle_time_ms": 50.0}
+
+    def coordination(round_trip_seconds: float) -> float | None:
+        accounting = _account(
+            summary, calibration=_calibration(), round_trip_seconds=round_trip_seconds, **options
+        )
+        return accounting.devices[0].coordination_tx_bytes_model
+
+    # The calibration ran 10 cycles a second (300 B each): a 0.4 s round trip allows 2.5.
+    assert coordination(0.4) == pytest.approx(300 * 2.5 * 20)
+    # A round trip shorter than the calibrated cycle changes nothing.
+    assert coordination(0.05) == coordination(0.0) == 3_000 * 20
+    with pytest.raises(ValueError, match="round_trip_seconds must be >= 0, got -1"):
+        coordination(-1.0)
+
+
 def test_a_calibration_for_another_cycle_time_is_not_used_and_the_report_says_so():
     summary = _summary(
         COMPRESSED, exchange={"combine": "gather", "horovod_started_unix_seconds": 100.0}
