@@ -342,11 +342,11 @@ def account_bytes(
             if coordination_cycles is not None:
                 coordination = of_rank(idle.payload_bytes_per_cycle) * coordination_cycles
             elif coordination_seconds is not None:
-                if round_trip_seconds * idle.cycles_per_second > 1:
-                    per_cycle = of_rank(idle.payload_bytes_per_cycle)
-                    coordination = per_cycle * coordination_seconds / round_trip_seconds
-                else:
-                    coordination = of_rank(idle.payload_bytes_per_second) * coordination_seconds
+                # The share of the calibrated cycles a round trip per cycle still allows.
+                on_time = min(1.0, 1.0 / (round_trip_seconds * idle.cycles_per_second or 1.0))
+                coordination = (
+                    of_rank(idle.payload_bytes_per_second) * coordination_seconds * on_time
+                )
             extra = {
                 "launch_tx_bytes": calibration.launch_payload_bytes,
                 "init_tx_bytes": of_rank(tuple(map(float, idle.init_payload_bytes))),

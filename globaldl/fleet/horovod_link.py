@@ -113,7 +113,6 @@ class HorovodLinkSettings:
     reach_timeout_seconds: float
     dense_gradient_bytes: int | None
     dense_exchange_seconds: float | None
-    worst_round_trip_ms: float  # device to device and back: a coordination cycle's least
     notes: tuple[str, ...]
 
     def environment(self) -> dict[str, str]:
@@ -209,7 +208,6 @@ def horovod_link_settings(
         reach_timeout_seconds=REACH_TIMEOUT_SECONDS + 2 * budget.worst_host_round_trip_ms / 1000,
         dense_gradient_bytes=dense_gradient_bytes,
         dense_exchange_seconds=exchange,
-        worst_round_trip_ms=budget.worst_round_trip_ms,
         notes=tuple(notes),
     )
 

@@ -23,7 +23,7 @@ from globaldl.fleet.readings import (
 )
 from globaldl.fleet.request import BIN, ProgramRequest, TrainRequest
 from globaldl.fleet.sshd import SSH_PORT
-from globaldl.fleet.state import DeviceState
+from globaldl.fleet.state import DeviceState, FleetState
 
 DEFAULT_START_TIMEOUT_SECONDS = 60
 # How long `fleet run` waits for each device's sshd to answer before it refuses to launch.
@@ -206,12 +206,8 @@ def run_on_fleet(
     env: dict[str, str] | None = None,
     elastic: ElasticOptions | None = None,
     reach_timeout_seconds: float = REACH_TIMEOUT_SECONDS,
-    round_trip_seconds: float = 0.0,
 ) -> FleetRunResult:
     """Launch the request on every live device, then compare interface counters with the summary.
-
-    `round_trip_seconds`: the devices' worst round trip, which bounds Horovod's coordination
-    cycles in the byte accounting (see `account_bytes`).
 
     Registers one Prometheus file-SD target per device (its address : the request's metrics
     port) while the run lasts, when `targets_dir` is given and the request has a port.
@@ -270,7 +266,7 @@ def run_on_fleet(
             env=env,
             started_unix_seconds=started_wall,
             cpu_cores_per_device=devices[0].cpu_cores if devices else None,
-            round_trip_seconds=round_trip_seconds,
+            round_trip_seconds=_worst_round_trip_seconds(state, devices),
         )
         accounting_path = summary_path.with_name(f"{summary_path.stem}.fleet-bytes.json")
         write_json_atomically(accounting_path, accounting.to_dict())
@@ -288,6 +284,16 @@ def run_on_fleet(
         targets_path=targets_path,
         worker_output=output,
     )
+
+
+def _worst_round_trip_seconds(state: FleetState, devices: list[DeviceState]) -> float:
+    """The devices' worst round trip to each other: it bounds Horovod's coordination cycles."""
+    # Imported here: horovod_link imports this module.
+    from globaldl.fleet.horovod_link import link_budget
+
+    if not devices:
+        return 0.0
+    return link_budget(state, [device.name for device in devices]).worst_round_trip_ms / 1000
 
 
 def _run_bounded(

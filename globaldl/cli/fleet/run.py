@@ -145,7 +145,6 @@ def run(
             env=env,
             elastic=elastic_options,
             reach_timeout_seconds=link.reach_timeout_seconds,
-            round_trip_seconds=link.worst_round_trip_ms / 1000,
         )
         emulation_after = emulation_cpu_seconds(state)
         links_path = _write_links_record(
