@@ -101,6 +101,7 @@ class ScaleExperiment(Experiment):
                         fleet=fleet,
                         train_args=(
                             *self.workload.train_args,
+                            *self.workload.learning_rate_args(devices),
                             "--batch-size",
                             "16",
                             "--epochs",
@@ -238,7 +239,8 @@ class ScaleExperiment(Experiment):
             f"Fleets of {', '.join(map(str, self.device_counts))} devices, the machine's "
             f"{self.cores:g} cores shared evenly, memory limit per device the default (2 GB or an "
             f"even share), `{PROFILE}` links (vde2: 35 ms each way), LeNet/MNIST with "
-            f"{COMPRESSION}, {EPOCHS} epochs of {STEPS_PER_EPOCH} steps, local batch 16. "
+            f"{COMPRESSION}, {EPOCHS} epochs of {STEPS_PER_EPOCH} steps, local batch 16, "
+            f"{self.workload.learning_rate_text()}. "
             "Memory is each worker's peak resident set from its exporter (shared library pages "
             "count in every worker, so the fleet's sum overstates the machine's use). "
             f"`threads 1` sets {', '.join(f'{k}=1' for k in SINGLE_THREADED)}; `default` keeps the "

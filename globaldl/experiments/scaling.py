@@ -133,9 +133,10 @@ class ScalingExperiment(Experiment):
         )
 
     # ---------------------------------------------------------------------------- the plan
-    def _args(self, codec: str) -> list[str]:
+    def _args(self, codec: str, devices: int) -> list[str]:
         args = [
             *self.workload.train_args,
+            *self.workload.learning_rate_args(devices),
             "--batch-size",
             str(self.batch_size),
             "--epochs",
@@ -156,7 +157,7 @@ class ScalingExperiment(Experiment):
                         experiment=self.name,
                         label=f"{slug(codec)}-n{devices}",
                         fleet=fleet,
-                        train_args=tuple(self._args(codec)),
+                        train_args=tuple(self._args(codec, devices)),
                         factors={
                             "codec": codec,
                             "fleet": "flat",
@@ -178,7 +179,7 @@ class ScalingExperiment(Experiment):
                         experiment=self.name,
                         label=f"{slug(codec)}-sites{sites}-{exchange}",
                         fleet=site_fleet,
-                        train_args=tuple(self._args(codec) + hierarchy),
+                        train_args=tuple(self._args(codec, count * per_site) + hierarchy),
                         factors={"codec": codec, "fleet": f"sites {sites}", "exchange": exchange},
                         cycle_time_ms=self.cycle_time_ms,
                     )
@@ -378,8 +379,8 @@ class ScalingExperiment(Experiment):
         count, per_site = self.sites
         return (
             f"{self.workload.name} (`{' '.join(self.workload.train_args)}`), local batch "
-            f"{self.batch_size}, {self.epochs} epochs over each device's 1/N of the data (the "
-            "learning rate scaled by N, the default), seed 0. Flat fleets of "
+            f"{self.batch_size}, {self.epochs} epochs over each device's 1/N of the data "
+            f"({self.workload.learning_rate_text()}), seed 0. Flat fleets of "
             f"{', '.join(map(str, self.device_counts))} devices, each device on its own link "
             f"`{self.link}`; {self._cpu_text()}. Codecs: {codecs}. "
             f"Then {count} sites x {per_site} devices (`fleet up --sites {count}x{per_site} "

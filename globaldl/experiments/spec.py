@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -220,13 +222,24 @@ class RunSpec:
         }
 
 
+TRAIN_LEARNING_RATE = 0.01
+"""`globaldl train`'s learning rate for one rank (its `--learning-rate` default), which the
+trainer multiplies by the number of ranks (Horovod's linear scaling, `--scale-lr`)."""
+
+
 @dataclass(frozen=True)
 class Workload:
-    """A model on a dataset, and the validation accuracy that counts as "trained"."""
+    """A model on a dataset, and the validation accuracy that counts as "trained".
+
+    `max_learning_rate`: the largest scaled learning rate the workload is known to learn with;
+    a fleet whose linear scaling would exceed it trains at it instead (`learning_rate_args`).
+    None: no cap.
+    """
 
     name: str
     train_args: tuple[str, ...]
     target_accuracy: float
+    max_learning_rate: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.target_accuracy <= 1:
@@ -234,13 +247,44 @@ class Workload:
                 f"workload {self.name}: target_accuracy must be in (0, 1], got "
                 f"{self.target_accuracy!r}"
             )
+        if self.max_learning_rate is not None and not 0 < self.max_learning_rate < math.inf:
+            raise ValueError(
+                f"workload {self.name}: max_learning_rate must be a positive number or None, "
+                f"got {self.max_learning_rate!r}"
+            )
 
     def with_target(self, target_accuracy: float) -> Workload:
         """The same workload with another target accuracy."""
-        return Workload(self.name, self.train_args, target_accuracy)
+        return dataclasses.replace(self, target_accuracy=target_accuracy)
+
+    def learning_rate_args(self, devices: int) -> tuple[str, ...]:
+        """Train arguments for `devices` ranks: none within the cap, else the cap itself.
+
+        Within the cap the trainer's linear scaling applies; above it the fleet trains at the
+        cap as a fixed rate (`--no-scale-lr --learning-rate CAP`).
+        """
+        if devices < 1:
+            raise ValueError(f"devices must be >= 1, got {devices!r}")
+        cap = self.max_learning_rate
+        if cap is None or TRAIN_LEARNING_RATE * devices <= cap:
+            return ()
+        return ("--no-scale-lr", "--learning-rate", f"{cap:g}")
+
+    def learning_rate_text(self) -> str:
+        """How the runs' learning rate follows the number of devices N, for method texts."""
+        scaled = f"learning rate {TRAIN_LEARNING_RATE:g} x N (Horovod's linear scaling)"
+        if self.max_learning_rate is None:
+            return scaled
+        return f"{scaled}, at most {self.max_learning_rate:g}"
 
 
-LENET_MNIST = Workload("lenet", ("--model", "lenet", "--dataset", "mnist"), 0.90)
+# 0.08: 8 devices at 0.01 x 8 reached 0.958 in `devices`. At 16 devices linear scaling gives
+# 0.16 with momentum 0.9, and LeNet diverged there: the `sites` run of 2026-11-23 (both
+# layouts, validation loss 10.7 after one epoch) and a one-process check at batch 256, which
+# diverged at 0.16 with and without a warm-up epoch (README, sites).
+LENET_MNIST = Workload(
+    "lenet", ("--model", "lenet", "--dataset", "mnist"), 0.90, max_learning_rate=0.08
+)
 # The 0.5 target is a guess: LeNet reaches ~0.4+ on cifar-synthetic in 5 epochs (the pipelines'
 # learnability test); chance is 0.1.
 RESNET8_CIFAR = Workload(

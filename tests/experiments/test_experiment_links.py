@@ -109,6 +109,7 @@ def test_scale_plan_fills_the_machine_and_measures_the_link_while_16_devices_tra
     ]
     assert all(spec.fleet.cpu_cores_total == pytest.approx(2) for spec in plan)
     assert all(spec.scrape_metrics for spec in plan)
+    assert {spec.option("--learning-rate") for spec in plan} == {"0.08"}
     assert plan[1].env == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
     assert [fault.action for spec in plan for fault in spec.faults] == ["measure"]
     assert plan[1].faults[0].device == 1
@@ -164,7 +165,12 @@ def test_sites_plan_is_one_16_device_run_in_4_sites_and_a_flat_comparison():
         prefix="x", subnet="10.0.0.0/24", state_dir="/run/x"
     )
     assert flat.fleet.sites is None and flat.fleet.devices == 16
-    assert [spec.fleet.sites for spec in SitesExperiment(quick=True).plan()] == ["2x2"]
+    # 0.01 x 16 diverged in both layouts: 16 devices train at LeNet's cap instead.
+    for spec in (sites, flat):
+        assert "--no-scale-lr" in spec.train_args and spec.option("--learning-rate") == "0.08"
+    assert "at most 0.08" in SitesExperiment().method()
+    (quick,) = SitesExperiment(quick=True).plan()
+    assert quick.fleet.sites == "2x2" and "--no-scale-lr" not in quick.train_args
 
 
 def test_latency_scale_and_sites_commands_print_their_plans_and_name_bad_delays():

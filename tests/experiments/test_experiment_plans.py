@@ -18,7 +18,14 @@ from globaldl.experiments import (
     RunSpec,
 )
 from globaldl.experiments.ablation import ALL_VARIANTS, variants_by_label
-from globaldl.experiments.spec import COMPRESSION_PRESETS, compression_args, slug
+from globaldl.experiments.spec import (
+    COMPRESSION_PRESETS,
+    LENET_MNIST,
+    TRAIN_LEARNING_RATE,
+    Workload,
+    compression_args,
+    slug,
+)
 from globaldl.fleet.cycle_time import HOROVOD_DEFAULT_CYCLE_TIME_MS
 from globaldl.fleet.profiles import device_profiles, load_profiles
 from globaldl.settings import resolve_settings
@@ -38,6 +45,8 @@ def _settings(spec: RunSpec, tmp_path: Path):
         name = args.pop(0).removeprefix("--")
         if args and not args[0].startswith("--"):
             config[name] = args.pop(0)
+        elif name.startswith("no-"):  # the off side of a switch such as --no-scale-lr
+            config[name.removeprefix("no-")] = False
         else:  # a switch such as --overlap
             config[name] = True
     if spec.fleet.sites is not None:  # `fleet run` passes the fleet's site map
@@ -232,6 +241,20 @@ def test_compression_presets_are_valid_settings_and_bad_names_are_refused(tmp_pa
         compression_args("zip")
     with pytest.raises(ValueError, match="compression preset 'zip'"):
         DevicesExperiment(compressions=["zip"])
+
+
+def test_linear_scaling_stops_at_the_workloads_cap_and_an_uncapped_workload_always_scales() -> None:
+    assert resolve_settings({}, environ={}).learning_rate == TRAIN_LEARNING_RATE
+    assert LENET_MNIST.learning_rate_args(8) == ()  # 0.08: within the cap
+    assert LENET_MNIST.learning_rate_args(9) == ("--no-scale-lr", "--learning-rate", "0.08")
+    uncapped = Workload("m", (), 0.5)
+    assert uncapped.learning_rate_args(1000) == ()
+    assert "at most" not in uncapped.learning_rate_text()
+    assert LENET_MNIST.with_target(0.95).max_learning_rate == 0.08
+    with pytest.raises(ValueError, match="max_learning_rate must be a positive number"):
+        Workload("m", (), 0.5, max_learning_rate=0.0)
+    with pytest.raises(ValueError, match="devices must be >= 1, got 0"):
+        LENET_MNIST.learning_rate_args(0)
 
 
 def test_get_accepts_a_name_or_an_instance_and_names_the_experiments_otherwise() -> None:

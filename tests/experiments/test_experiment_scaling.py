@@ -27,6 +27,9 @@ def test_scaling_plan_covers_every_mode_at_2_to_16_devices_and_the_sites() -> No
     ]
     assert [s.option("--hierarchy") for s in sites] == [None, "sites", None, "sites"]
     assert {spec.option("--epochs") for spec in plan} == {"2"}  # fixed epochs, one repeat
+    # Linear scaling up to 8 devices (0.08); 16 devices train at that cap, not at 0.16.
+    rates = {spec.fleet.devices: spec.option("--learning-rate") for spec in plan}
+    assert rates == {2: None, 4: None, 8: None, 16: "0.08"}
 
 
 def _results(plan, tx_bytes, accuracy, step_seconds):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import random
 import socket
 import ssl
 import subprocess
@@ -35,25 +37,41 @@ def horovod_launch() -> ModuleType:
     return module
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range: where outgoing connections take their source ports."""
+    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    return int(low), int(high)
+
+
+def _free_ports(count: int) -> int:
+    """A base port P with P .. P+count-1 free on loopback, all below the ephemeral range.
+
+    A port probed with bind(0) comes from the ephemeral range, where any outgoing connection
+    (Gloo's rendezvous, a scrape, Prometheus itself) may take it as its source port before the
+    worker binds it: CI once lost a run to that. Below the range only a listener can hold it.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(max(1024, low - 12000), low - count)
+        with contextlib.ExitStack() as stack:
+            try:
+                for offset in range(count):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", base + offset))
+            except OSError:
+                continue
+            return base
+    raise AssertionError(f"no {count} adjacent free ports below the ephemeral range from {low}")
+
+
 def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port that was free a moment ago, outside the ephemeral range."""
+    return _free_ports(1)
 
 
 def free_port_pair() -> int:
     """A base port P with P and P+1 free on loopback (ranks 0 and 1 serve there)."""
-    for _ in range(50):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            base = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", base + 1))
-            except OSError:
-                continue
-            return base
-    raise AssertionError("no two adjacent free ports")
+    return _free_ports(2)
 
 
 def scrape(
