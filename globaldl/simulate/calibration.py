@@ -263,6 +263,7 @@ def evaluate(
             {
                 "experiment": item.experiment,
                 "label": item.label,
+                "repeat": item.repeat,
                 "role": _role(item, fit_on),
                 "model": item.model,
                 "codec": item.codec,
@@ -304,13 +305,15 @@ def _role(observation: Observation, fit_on: Sequence[str]) -> str:
 def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per experiment: pairs of configurations the simulator orders unlike the fleet.
 
-    A pair is discordant when the fleet measured one configuration faster and the simulator
-    says it is slower. Pairs whose measured times differ by less than 10% are also counted
-    apart, since one unrepeated run cannot tell them apart reliably.
+    A configuration is a run label; its repeats (the benchmark protocol's) count once, with the
+    median of their measured and of their simulated step times, so two repeats of one
+    configuration are never a pair. A pair is discordant when the fleet measured one
+    configuration faster and the simulator says it is slower. Pairs whose measured times differ
+    by less than 10% are also counted apart, since the fleet cannot tell them apart reliably.
     """
     checks = []
     for experiment in sorted({row["experiment"] for row in rows}):
-        members = [row for row in rows if row["experiment"] == experiment]
+        members = _configuration_medians([row for row in rows if row["experiment"] == experiment])
         discordant = []
         for first, second in itertools.combinations(members, 2):
             measured = first["measured_step_seconds"] - second["measured_step_seconds"]
@@ -333,3 +336,20 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return checks
+
+
+def _configuration_medians(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per label, in first-seen order: the medians of its repeats' step times."""
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_label.setdefault(row["label"], []).append(row)
+    return [
+        {
+            "label": label,
+            **{
+                column: float(np.median([row[column] for row in repeats]))
+                for column in ("measured_step_seconds", "simulated_step_seconds")
+            },
+        }
+        for label, repeats in by_label.items()
+    ]

@@ -62,11 +62,13 @@ class Observation:
     measured_cpu_seconds_per_step: tuple[float, ...] | None = None
     per_rank_phases: bool = False
     batch_cpu_seconds: float = 0.0  # rank 0's batch-bound share of its compute CPU per step
+    repeat: int = 1  # the benchmark protocol's repeat of this run (label) in its experiment
 
     @property
     def key(self) -> str:
-        """`experiment/label`, unique across the results."""
-        return f"{self.experiment}/{self.label}"
+        """`experiment/label`, and the repeat after the first: unique across the results."""
+        suffix = f" (repeat {self.repeat})" if self.repeat > 1 else ""
+        return f"{self.experiment}/{self.label}{suffix}"
 
     @property
     def batch_size(self) -> int:
@@ -142,6 +144,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
     return Observation(
         experiment=experiment,
         label=str(run.get("spec", {}).get("label") or run.get("run_id")),
+        repeat=int(run.get("repeat") or 1),
         model=_model_name(summary),
         ranks=ranks,
         profile=profile,

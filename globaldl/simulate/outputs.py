@@ -31,6 +31,7 @@ ERROR_COLUMNS = (
     "role",
     "experiment",
     "label",
+    "repeat",
     "model",
     "codec",
     "exchange",
