@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from globaldl.experiments.analysis import (
     NO_RESULT,
+    Spread,
     add_traffic_ratios,
     at_least_times_sooner,
     at_most_times,
@@ -124,6 +125,20 @@ def test_falls_with_devices_is_met_only_when_every_step_falls_and_says_so_in_the
     assert falls_with_devices("goal", {1: 100.0}).met is None
     assert falls_with_devices("goal", {1: None, 2: None, 4: None}).met is None
     assert falls_with_devices("goal", {1: math.inf, 4: 10.0}).met is None
+    # Medians that fall while neighbouring ranges overlap: met, and the text says where.
+    spread = falls_with_devices(
+        "goal",
+        {
+            1: Spread(23.0, 18.4, 25.8, 3),
+            2: Spread(14.8, 14.3, 17.2, 3),
+            4: Spread(9.6, 7.8, 13.0, 3),
+        }
+        | {8: Spread(8.6, 7.6, 9.3, 3)},
+    )
+    assert spread.met is True
+    assert spread.measured.endswith(
+        "falls at every step; the ranges overlap at 4 -> 8: those falls are within the spread"
+    )
 
 
 @pytest.mark.parametrize(
