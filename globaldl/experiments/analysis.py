@@ -363,7 +363,8 @@ def falls_with_devices(goal: str, seconds_by_devices: Mapping[int, Measured | st
     overlaps = [
         f"{smaller} -> {larger}"
         for smaller, larger in zip(sizes, sizes[1:], strict=False)
-        if _ranges_overlap(spreads[smaller], spreads[larger])
+        # Every spread here is a reached time; ranges overlap when their ratio can be 1.
+        if spreads[larger].ratio_to(spreads[smaller]).contains(1.0)
     ]
     note = (
         f"; the ranges overlap at {', '.join(overlaps)}: those falls are within the spread"
@@ -371,10 +372,3 @@ def falls_with_devices(goal: str, seconds_by_devices: Mapping[int, Measured | st
         else ""
     )
     return TargetCheck(goal, f"{listed}; falls at every step{note}", True)
-
-
-def _ranges_overlap(first: Spread | None, second: Spread | None) -> bool:
-    """Two measurements over repeats whose min-max ranges share a value (single runs never)."""
-    if first is None or second is None or (first.count == 1 and second.count == 1):
-        return False
-    return max(first.low, second.low) <= min(first.high, second.high)

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from globaldl.settings import TrainSettings
+
 # A run id and a folder name: the characters TrainingMetrics accepts in a run id.
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -222,7 +224,7 @@ class RunSpec:
         }
 
 
-TRAIN_LEARNING_RATE = 0.01
+TRAIN_LEARNING_RATE: float = TrainSettings.learning_rate
 """`globaldl train`'s learning rate for one rank (its `--learning-rate` default), which the
 trainer multiplies by the number of ranks (Horovod's linear scaling, `--scale-lr`)."""
 

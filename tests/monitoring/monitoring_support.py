@@ -37,10 +37,9 @@ def horovod_launch() -> ModuleType:
     return module
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    """The kernel's ephemeral port range: where outgoing connections take their source ports."""
-    low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-    return int(low), int(high)
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' source ports)."""
+    return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
 
 
 def _free_ports(count: int) -> int:
@@ -50,7 +49,7 @@ def _free_ports(count: int) -> int:
     (Gloo's rendezvous, a scrape, Prometheus itself) may take it as its source port before the
     worker binds it: CI once lost a run to that. Below the range only a listener can hold it.
     """
-    low, _ = _ephemeral_range()
+    low = _ephemeral_low()
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(max(1024, low - 12000), low - count)
