@@ -80,6 +80,10 @@ class RunTotals:
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     # Process CPU time (every thread: TensorFlow, Horovod's loop) when the totals started.
     cpu_started_seconds: float = field(default_factory=time.process_time)
+    # Process CPU time inside training steps, and over how many: every step but the first
+    # of the totals (which traces the graph) counts.
+    step_cpu_seconds: float = 0.0
+    step_cpu_steps: int = 0
 
 
 def _configure_threads(local_size: int) -> None:
@@ -460,7 +464,11 @@ class Trainer:
         epoch's finite steps. Returns whether every rank skipped the step (nonfinite gradients).
         """
         batch_size = self.batch_size
+        cpu_before = time.process_time()
         values = self._train_step(iterator).numpy()
+        if totals.steps > 0:  # the first step of the totals traces the graph
+            totals.step_cpu_seconds += time.process_time() - cpu_before
+            totals.step_cpu_steps += 1
         # The step moved each rank's moving statistics its own way (if the model has any).
         self._statistics_in_sync = not self.local_statistics
         phases = dict(zip(PHASES, values[: len(PHASES)].tolist(), strict=True))
@@ -547,15 +555,21 @@ class Trainer:
         """Every rank's own phase totals and process CPU seconds, gathered in rank order.
 
         Rank 0's phases alone cannot show unequal ranks (CPU shares, local batches); the CPU
-        seconds show what a CPU quota really had to grant.
+        seconds show what a CPU quota really had to grant: over the run (`cpu_seconds`, with
+        start-up, validation and checkpoints) and inside the training steps alone
+        (`step_cpu_seconds` over `step_cpu_steps`, the traced first step left out).
         """
         own = [totals.phase_seconds[name] for name in PHASES]
         own.append(time.process_time() - totals.cpu_started_seconds)
+        own += [totals.step_cpu_seconds, float(totals.step_cpu_steps)]
         rows = self.exchange.gather_across_ranks(tf.constant([own], tf.float64), "rank_totals")
+        cpu = len(PHASES)
         return [
             {
-                "phase_seconds": dict(zip(PHASES, row[: len(PHASES)].tolist(), strict=True)),
-                "cpu_seconds": float(row[len(PHASES)]),
+                "phase_seconds": dict(zip(PHASES, row[:cpu].tolist(), strict=True)),
+                "cpu_seconds": float(row[cpu]),
+                "step_cpu_seconds": float(row[cpu + 1]),
+                "step_cpu_steps": int(row[cpu + 2]),
             }
             for row in rows.numpy()
         ]

@@ -13,6 +13,13 @@ rate (`burst_cpu_seconds`). Runs whose summary carries `rank_totals` give every 
 phases (and their CPU seconds as a bound); older summaries hold rank 0's only, and the other
 ranks' batch-bound phases (input, forward and backward) are moved along each model's measured
 cost per example, a line through every run's rank-0 phases at the batches the runs used.
+
+Newer summaries also carry each rank's process CPU inside its training steps
+(`step_cpu_seconds` over `step_cpu_steps`). Where present it is the device's work per step
+and the burst rule is not used: the rule assumes a burst starts with a full period's quota,
+which a device whose step is bound by its quota never has (its step then lasts about one CFS
+period, and the rule overstates its CPU). That CPU includes what Horovod's thread spent during
+the exchange, a small share the simulator's per-message CPU also counts.
 """
 
 from __future__ import annotations
@@ -76,6 +83,14 @@ class Observation:
         return self.batch_sizes[0]
 
 
+def _step_cpu_seconds(rank_total: dict[str, Any]) -> float | None:
+    """A rank's measured process CPU per training step, or None where not recorded."""
+    steps = int(rank_total.get("step_cpu_steps") or 0)
+    if steps < 1:
+        return None
+    return float(rank_total["step_cpu_seconds"]) / steps
+
+
 def burst_cpu_seconds(wall_seconds: float, cores: float) -> float:
     """CPU seconds of a burst that took `wall_seconds` under a quota of `cores`.
 
@@ -133,8 +148,12 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         walls = [_non_exchange(entry["phase_seconds"]) / steps for entry in rank_totals]
         measured_cpu = tuple(float(entry["cpu_seconds"]) / steps for entry in rank_totals)
         compute = [
-            min(burst_cpu_seconds(wall, share), bound)
-            for wall, share, bound in zip(walls, shares, measured_cpu, strict=True)
+            step_cpu
+            if (step_cpu := _step_cpu_seconds(entry)) is not None
+            else min(burst_cpu_seconds(wall, share), bound)
+            for entry, wall, share, bound in zip(
+                rank_totals, walls, shares, measured_cpu, strict=True
+            )
         ]
     else:
         compute = [burst_cpu_seconds(_non_exchange(phases) / steps, shares[0])] * ranks

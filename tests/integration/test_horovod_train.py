@@ -45,6 +45,10 @@ def test_two_ranks_train_lenet_on_mnist_to_identical_weights(
     assert [entry["phase_seconds"] for entry in result["rank_totals"][:1]] == [phases]
     assert len(result["rank_totals"]) == 2
     assert all(entry["cpu_seconds"] > 0 for entry in result["rank_totals"])
+    # CPU inside the steps: every step but the traced first, less than the whole run's CPU.
+    for entry in result["rank_totals"]:
+        assert entry["step_cpu_steps"] == result["steps"] - 1
+        assert 0 < entry["step_cpu_seconds"] < entry["cpu_seconds"]
     # Uncompressed: every gradient went dense in fp32, plus one fp32 NaN/Inf flag per step.
     assert result["gradient_bytes_wire"] == result["gradient_bytes_raw"] + 4 * result["steps"]
     assert "epoch 2/2" in completed.stdout  # the progress line, from rank 0

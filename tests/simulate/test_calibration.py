@@ -105,6 +105,19 @@ def test_per_rank_totals_give_each_rank_its_own_compute_bounded_by_its_cpu_time(
     assert older.compute_cpu_seconds == pytest.approx((0.010, 0.010))
 
 
+def test_measured_step_cpu_is_the_devices_work_where_the_summary_records_it():
+    totals = [
+        # 999 steps measured (the traced first left out): 8 ms of CPU per step.
+        {"phase_seconds": {"compute": 10.0, "exchange": 90.0}, "cpu_seconds": 30.0}
+        | {"step_cpu_seconds": 7.992, "step_cpu_steps": 999},
+        # No step measured (an older worker): the burst rule and the CPU bound, as before.
+        {"phase_seconds": {"compute": 20.0, "exchange": 80.0}, "cpu_seconds": 15.0}
+        | {"step_cpu_seconds": 0.0, "step_cpu_steps": 0},
+    ]
+    observation = observation_from_run("test", _run(totals))
+    assert observation.compute_cpu_seconds == pytest.approx((0.008, 0.015))
+
+
 def test_rankings_count_pairs_the_simulator_orders_unlike_the_fleet():
     rows = [
         {"experiment": "e", "label": label, "measured_step_seconds": measured}
