@@ -192,10 +192,14 @@ class ChaosExperiment(Experiment):
             row["label"]: row.get("val_accuracy") for row in rows if row["label"] != "undisturbed"
         }
         low = {label: value for label, value in accuracies.items() if value is not None}
+        # Every repeat runs the whole schedule again: the kills count over all repeats.
+        repeats = len({r.repeat for r in chaos_runs}) or 1
+        planned = len(self.schedule) * repeats
         return [
             TargetCheck(
                 f"at least {MIN_TRIALS} kill/revive trials done",
-                f"{len(trials)} kills done of {len(self.schedule)} planned",
+                f"{len(trials)} kills done of {planned} planned ({len(self.schedule)} per "
+                f"repeat x {repeats} repeat{'s' if repeats > 1 else ''})",
                 len(trials) >= MIN_TRIALS,
             ),
             TargetCheck(

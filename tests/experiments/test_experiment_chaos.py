@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,27 @@ def test_rows_and_targets_judge_hangs_losses_time_and_accuracy() -> None:
     slow = [dict(EVENTS[0], first_step_at=135.0), *EVENTS[1:]]
     chaos.summary = dict(chaos_summary, elastic={**chaos_summary["elastic"], "events": slow})
     assert experiment.targets(rows, [reference, chaos])[3].met is False  # 35 s > 30 s
+
+
+def test_kills_count_over_every_repeat_against_the_schedule_times_the_repeats() -> None:
+    experiment = ChaosExperiment(trials=2, trials_per_run=2)
+    undisturbed_spec, chaos_spec = experiment.plan()
+    runs = []
+    for repeat in (1, 2, 3):
+        chaos_summary = summary(epoch_seconds=[5.0] * 3, val_accuracies=[0.945] * 3, ranks=4)
+        chaos_summary["elastic"] = {"sizes": [4, 3, 4, 3, 4], "lost_steps": 7, "events": EVENTS}
+        chaos = replace(result(chaos_spec, chaos_summary), repeat=repeat)
+        chaos.faults = FAULTS
+        runs.append(chaos)
+    reference = result(
+        undisturbed_spec, summary(epoch_seconds=[5.0] * 3, val_accuracies=[0.95] * 3, ranks=4)
+    )
+    rows = experiment.rows([reference, runs[0]])
+    trials = experiment.targets(rows, [reference, *runs])[0]
+    assert trials.measured == "6 kills done of 6 planned (2 per repeat x 3 repeats)"
+    assert trials.met is False  # 6 < 20
+    one = experiment.targets(rows, [reference, runs[0]])[0]
+    assert one.measured == "2 kills done of 2 planned (2 per repeat x 1 repeat)"
 
 
 def test_chaos_dry_run_plans_without_touching_the_system(tmp_path: Path) -> None:
