@@ -142,23 +142,25 @@ def load_results(
 
     Only runs with the labels of `specs`, unless `unplanned` (or no specs): then every
     recorded run, labels outside the plan after the others in recorded order. Read from
-    `runs/` (see the module's layout); a folder without `runs/` (a fresh clone: runs stay
-    local) is read from the `runs` list of its `NAME.json` (`name`, or the experiment of the
-    first spec).
+    `runs/` (see the module's layout) and from the `runs` list of `NAME.json` (`name`, or the
+    experiment of the first spec), which is all a fresh clone has (runs stay local); a run in
+    both (same label and repeat) is taken from `runs/`. So a run added with `--only` in a
+    fresh clone keeps the committed runs beside it.
     """
     out_dir = Path(out_dir)
     name = name or (specs[0].experiment if specs else None)
+    found = []
     if (out_dir / "runs").is_dir():
         found = [
             RunResult.from_dict(json.loads(path.read_text()))
             for path in sorted((out_dir / "runs").glob(f"*/{RESULT_FILE}"))
             + sorted((out_dir / "runs").glob(f"*/repeat-*/{RESULT_FILE}"))
         ]
-    elif name is not None and (out_dir / f"{name}.json").exists():
+    if name is not None and (out_dir / f"{name}.json").exists():
+        local = {(result.spec.label, result.repeat) for result in found}
         document = json.loads((out_dir / f"{name}.json").read_text())
-        found = [RunResult.from_dict(run) for run in document.get("runs", [])]
-    else:
-        found = []
+        committed = [RunResult.from_dict(run) for run in document.get("runs", [])]
+        found += [r for r in committed if (r.spec.label, r.repeat) not in local]
     order = {spec.label: index for index, spec in enumerate(specs or ())}
     if specs is not None and not unplanned:
         found = [result for result in found if result.spec.label in order]

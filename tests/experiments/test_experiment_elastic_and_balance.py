@@ -189,3 +189,32 @@ def test_only_reruns_the_named_runs_and_keeps_the_others_from_the_folder(tmp_pat
     assert (speed["training_seconds_min"], speed["training_seconds_max"]) == (20.0, 24.0)
     with pytest.raises(ValueError, match="no run labelled nope in balance; its runs: lenet-equal"):
         run_experiment(experiment, runner, tmp_path, only=["nope"])  # type: ignore[arg-type]
+
+
+def test_committed_runs_stay_beside_the_runs_recorded_in_the_folder(tmp_path: Path) -> None:
+    """A fresh clone has only NAME.json; a run added there with `--only` keeps the others."""
+    from globaldl.experiments.results import load_results
+
+    experiment = BalanceExperiment(quick=True)
+    equal_spec, speed_spec = experiment.plan()
+    committed = [
+        result(spec, summary(epoch_seconds=[20.0, 20.0], val_accuracies=[0.85, 0.90], ranks=4))
+        for spec in (equal_spec, speed_spec)
+    ]
+    (tmp_path / "balance.json").write_text(
+        json.dumps({"runs": [run.to_dict() for run in committed]})
+    )
+    fresh = result(
+        speed_spec, summary(epoch_seconds=[10.0, 10.0], val_accuracies=[0.86, 0.95], ranks=4)
+    )
+    (tmp_path / "runs" / "lenet-speed" / "repeat-1").mkdir(parents=True)
+    (tmp_path / "runs" / "lenet-speed" / "repeat-1" / "result.json").write_text(
+        json.dumps(fresh.to_dict())
+    )
+    loaded = load_results(tmp_path, experiment.plan(), name="balance")
+    assert [(run.spec.label, run.repeat) for run in loaded] == [
+        ("lenet-equal", 1),
+        ("lenet-speed", 1),
+    ]
+    # The same label and repeat in both: the folder's run (the newer) wins.
+    assert [run.summary["val_accuracy"] for run in loaded] == [0.90, 0.95]  # type: ignore[index]
