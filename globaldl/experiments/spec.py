@@ -302,6 +302,18 @@ COMPRESSION_PRESETS: dict[str, tuple[str, ...]] = {
     "quantize": ("--quantize", "int8"),
     "prune+quantize": ("--prune", "topk", "--density", "0.01", "--quantize", "int8"),
     "prune0.001+sign": ("--prune", "topk", "--density", "0.001", "--quantize", "sign"),
+    # Deep gradient compression (momentum correction, factor masking, clipping) at 1%, after
+    # a 2-epoch density warm-up (25%, then 6.25%), then int8.
+    "dgc+quantize": (
+        "--prune",
+        "dgc",
+        "--density",
+        "0.01",
+        "--warmup-epochs",
+        "2",
+        "--quantize",
+        "int8",
+    ),
 }
 
 

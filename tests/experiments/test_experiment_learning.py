@@ -24,9 +24,11 @@ def test_calibration_and_fleet_get_the_same_epochs_schedule_and_global_batch() -
         "video-calibration-dense-1",
         "resnet-8-fleet-prune_quantize-4",
         "video-fleet-prune_quantize-4",
+        "video-fleet-dgc_quantize-4",
     ]
+    assert {spec.fleet.profile for spec in plan} == {"lan"}  # the link changes time, not learning
     for model in ("resnet-8", "video"):
-        calibration, fleet = (_options(spec) for spec in plan if spec.factors["model"] == model)
+        calibration, fleet, *_ = (_options(spec) for spec in plan if spec.factors["model"] == model)
         for option in ("--model", "--dataset", "--epochs", "--lr-warmup-epochs", "--lr-decay"):
             assert calibration[option] == fleet[option], option
         assert calibration["--lr-decay"] == "cosine"
@@ -41,6 +43,15 @@ def test_calibration_and_fleet_get_the_same_epochs_schedule_and_global_batch() -
             "0.01",
             "int8",
         )
+    # The video model's second fleet: deep gradient compression with its warm-up, then int8.
+    dgc = _options(plan[-1])
+    assert (dgc["--prune"], dgc["--density"], dgc["--warmup-epochs"], dgc["--quantize"]) == (
+        "dgc",
+        "0.01",
+        "2",
+        "int8",
+    )
+    assert plan[-1].factors["compression"] == "dgc+quantize"
     calibration_fleet, device_fleet = plan[0].fleet, plan[-1].fleet
     assert (calibration_fleet.devices, device_fleet.devices) == (1, 4)
     # The calibration does the fleet's work alone, with the fleet's cores.
@@ -91,7 +102,9 @@ def test_a_calibration_that_did_not_learn_and_diverged_weights_are_reported() ->
         status["resnet-8: the 1-process dense calibration learns (final val_accuracy above 0.8)"]
         == "NOT met"
     )
-    assert status["resnet-8: every device ends with identical weights"] == "NOT met"
+    assert (
+        status["resnet-8: every device ends with identical weights (prune+quantize)"] == "NOT met"
+    )
 
 
 def test_without_a_calibration_run_the_fleet_target_is_not_evaluated() -> None:
@@ -103,3 +116,40 @@ def test_without_a_calibration_run_the_fleet_target_is_not_evaluated() -> None:
         status["resnet-8: 4 devices with prune+quantize within 1 point of the calibrated target"]
         == "not evaluated"
     )
+
+
+def test_each_fleet_compression_of_a_workload_is_judged_against_the_one_calibration() -> None:
+    from globaldl.experiments.learning import VIDEO_LEARNING
+
+    experiment = LearningExperiment(quick=True, workloads=(VIDEO_LEARNING,))
+    plan = experiment.plan()
+    assert [spec.factors["compression"] for spec in plan] == [
+        "none",
+        "prune+quantize",
+        "dgc+quantize",
+    ]
+    runs = []
+    for spec, accuracy in zip(plan, (0.9, 0.79, 0.895), strict=True):
+        run = summary(epoch_seconds=[5.0, 5.0], val_accuracies=[0.5, accuracy])
+        run["weights_identical"] = True
+        runs.append(result(spec, run))
+    rows = experiment.rows(runs)
+    status = {check.goal: check.status for check in experiment.targets(rows, runs)}
+    within = "video: 4 devices with {} within 1 point of the calibrated target"
+    assert status[within.format("prune+quantize")] == "NOT met"
+    assert status[within.format("dgc+quantize")] == "met"
+    # Without its run, a compression is not evaluated; the other keeps its verdict.
+    status = {check.goal: check.status for check in experiment.targets(rows[:2], runs[:2])}
+    assert status[within.format("dgc+quantize")] == "not evaluated"
+    assert status["video: every device ends with identical weights (dgc+quantize)"] == (
+        "not evaluated"
+    )
+
+
+def test_a_workload_naming_an_unknown_compression_is_refused_with_the_choices() -> None:
+    from globaldl.experiments.learning import LearningWorkload
+
+    with pytest.raises(ValueError, match=r"compressions \['zip'\] are not among prune"):
+        LearningWorkload(
+            "x", (), epochs=2, lr_warmup_epochs=1, learns_above=0.5, compressions=("zip",)
+        )
