@@ -48,7 +48,7 @@ def calibrate(
         Path | None, typer.Option(help="fleet results (default: results/experiments)")
     ] = None,
     fit_on: str = typer.Option(
-        "ablation,bottleneck", help="experiments to fit on; every other run is held out"
+        "ablation,bottleneck,latency", help="experiments to fit on; every other run is held out"
     ),
     out: OutDir = None,
 ) -> None:

@@ -140,3 +140,14 @@ def test_calibrating_on_unknown_experiments_names_the_available_ones():
     observations = load_observations(experiments=["devices"])
     with pytest.raises(ValueError, match="devices"):
         calibrate(observations, fit_on=("nonexistent",))
+
+
+def test_the_cli_fits_on_the_declared_calibration_subset_by_default():
+    """The CLI keeps the default as text (no simulator import at start-up): it must agree."""
+    import inspect
+
+    from globaldl.cli.simulate import calibrate as calibrate_command
+    from globaldl.simulate.calibration import CALIBRATION_EXPERIMENTS
+
+    default = inspect.signature(calibrate_command).parameters["fit_on"].default.default
+    assert tuple(default.split(",")) == CALIBRATION_EXPERIMENTS
