@@ -230,6 +230,38 @@ def run_experiment(
     return report
 
 
+def run_machines(results: Sequence[RunResult]) -> list[tuple[dict[str, Any], list[str]]]:
+    """Each machine the runs recorded, with its runs as LABEL/repeat-K, in first-run order."""
+    machines: list[tuple[dict[str, Any], list[str]]] = []
+    for result in results:
+        if result.machine is None:
+            continue
+        name = f"{result.spec.label}/repeat-{result.repeat}"
+        for machine, runs in machines:
+            if machine == result.machine:
+                runs.append(name)
+                break
+        else:
+            machines.append((dict(result.machine), [name]))
+    return machines
+
+
+def machines_markdown(machines: Sequence[tuple[dict[str, Any], list[str]]]) -> str:
+    """Which run was taken on which machine, and what that means for comparing them."""
+    lines = [
+        "## Machines",
+        "",
+        f"These runs were taken on {len(machines)} machines. Times (seconds, steps, "
+        "throughput) compare only between runs of one machine; accuracies of the same seeded "
+        "run may differ between machines by floating point.",
+        "",
+    ]
+    for index, (machine, runs) in enumerate(machines, start=1):
+        description = ", ".join(f"{key} {value}" for key, value in machine.items())
+        lines.append(f"{index}. {description}: {', '.join(runs)}")
+    return "\n".join(lines)
+
+
 def write_outputs(
     experiment: Experiment,
     results: list[RunResult],
@@ -242,7 +274,9 @@ def write_outputs(
 ) -> ExperimentReport:
     """Write `<name>.csv`, `<name>-runs.csv`, `<name>.json`, `<name>.md` and the plots.
 
-    `machine` describes where the runs were taken (default: this machine).
+    `machine` describes where the runs were taken (default: the machine the runs recorded,
+    else this machine). Runs taken on several machines get a section that says which ran
+    where: their times do not compare across machines.
     """
     from globaldl.bench.results import write_results
 
@@ -273,6 +307,12 @@ def write_outputs(
         sections.append("## How the runs are built\n\n" + experiment.method())
     if experiment.extra_markdown(results):
         sections.append(experiment.extra_markdown(results))
+    machines = run_machines(results)
+    if len(machines) > 1:
+        sections.append(machines_markdown(machines))
+        machine = {"runs taken on": f"{len(machines)} machines (see Machines below)"}
+    elif machines:
+        machine = machines[0][0]
     if results:
         sections.append(protocol_markdown(results, protocol))
         if load_markdown(run_rows):
@@ -303,6 +343,11 @@ def write_outputs(
             "targets": [check.as_row() for check in checks],
             "run_rows": run_rows,
             "runs": [result.to_dict() for result in results],
+            **(
+                {"machines": [{**found, "runs": runs} for found, runs in machines]}
+                if len(machines) > 1
+                else {}
+            ),
         },
     )
     return ExperimentReport(

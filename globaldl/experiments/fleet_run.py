@@ -18,6 +18,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from globaldl.bench.results import machine_description
 from globaldl.experiments.faults import FaultInjector
 from globaldl.experiments.load import LoadRecorder, LoadSources
 from globaldl.experiments.progress import ScheduledRun
@@ -91,6 +92,7 @@ def run_once(
         ),
         latency_emulated=latency_emulated,
         repeat=scheduled.repeat,
+        machine=machine_description(),
     )
     scraper = None
     if spec.scrape_metrics:

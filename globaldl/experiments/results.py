@@ -72,6 +72,9 @@ class RunResult:
     repeat: int = 1
     load: MachineLoad | None = None
     reruns: int = 0
+    # The machine the run was taken on (globaldl.bench.results.machine_description); None
+    # for runs recorded before runs carried it and not in a NAME.json that names it.
+    machine: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -106,6 +109,7 @@ class RunResult:
             repeat=data.get("repeat", 1),
             load=MachineLoad.from_dict(data["load"]) if data.get("load") else None,
             reruns=data.get("reruns", 0),
+            machine=data.get("machine"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,6 +132,7 @@ class RunResult:
             "repeat": self.repeat,
             "load": None if self.load is None else self.load.to_dict(),
             "reruns": self.reruns,
+            "machine": self.machine,
         }
 
 
@@ -160,6 +165,10 @@ def load_results(
         local = {(result.spec.label, result.repeat) for result in found}
         document = json.loads((out_dir / f"{name}.json").read_text())
         committed = [RunResult.from_dict(run) for run in document.get("runs", [])]
+        # Runs recorded before runs carried their machine were taken where the document says.
+        for run in committed:
+            if run.machine is None and _one_machine(document.get("machine")):
+                run.machine = dict(document["machine"])
         found += [r for r in committed if (r.spec.label, r.repeat) not in local]
     order = {spec.label: index for index, spec in enumerate(specs or ())}
     if specs is not None and not unplanned:
@@ -169,3 +178,8 @@ def load_results(
         found,
         key=lambda r: (r.repeat, order.get(r.spec.label, len(order)), recorded[id(r)]),
     )
+
+
+def _one_machine(machine: Any) -> bool:
+    """Whether a document's `machine` describes one machine (not a list of several)."""
+    return isinstance(machine, dict) and "cpu" in machine

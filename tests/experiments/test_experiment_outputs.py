@@ -281,3 +281,37 @@ def test_run_results_round_trip_and_report_rebuilds_the_tables_without_a_fleet(
     assert "**Incomplete**: 3 of 4 runs" in (tmp_path / "bottleneck.md").read_text()
     empty = CliRunner().invoke(app, ["report", "ablation", "--out", str(tmp_path / "none")])
     assert empty.exit_code == 2 and "no run results of ablation" in empty.output
+
+
+def test_runs_from_two_machines_are_listed_by_machine_and_one_machine_heads_the_table(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    from globaldl.experiments.results import load_results
+
+    plan = BottleneckExperiment(quick=True).plan()
+    older = {"cpu": "AMD EPYC", "cores": 2}
+    newer = {"cpu": "Intel Xeon", "cores": 2}
+    runs = [
+        replace(result(spec, summary(epoch_seconds=[5.0], val_accuracies=[0.3])), machine=m)
+        for spec, m in zip(plan[:3], (older, older, newer), strict=True)
+    ]
+    write_outputs(BottleneckExperiment(quick=True), runs, tmp_path)
+    text = (tmp_path / "bottleneck.md").read_text()
+    assert "Machine: runs taken on 2 machines (see Machines below)." in text
+    assert f"1. cpu AMD EPYC, cores 2: {plan[0].label}/repeat-1, {plan[1].label}/repeat-1" in text
+    assert f"2. cpu Intel Xeon, cores 2: {plan[2].label}/repeat-1" in text
+    document = json.loads((tmp_path / "bottleneck.json").read_text())
+    assert [machine["cpu"] for machine in document["machines"]] == ["AMD EPYC", "Intel Xeon"]
+    # One machine: it heads the table, whatever machine writes the report.
+    write_outputs(BottleneckExperiment(quick=True), runs[:2], tmp_path / "one")
+    one = (tmp_path / "one" / "bottleneck.md").read_text()
+    assert "Machine: cpu AMD EPYC, cores 2." in one and "## Machines" not in one
+    # Runs of a NAME.json recorded before runs carried their machine take the document's.
+    document = json.loads((tmp_path / "one" / "bottleneck.json").read_text())
+    for run in document["runs"]:
+        run["machine"] = None
+    (tmp_path / "one" / "bottleneck.json").write_text(json.dumps(document))
+    loaded = load_results(tmp_path / "one", plan, name="bottleneck")
+    assert [run.machine for run in loaded] == [older, older]
