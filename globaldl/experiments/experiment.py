@@ -9,6 +9,7 @@ the targets evaluated on medians, the protocol and the load of every run), `NAME
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,7 +190,8 @@ def run_experiment(
     """Run the experiment's plan `repeats` times (interleaved), then write its outputs.
 
     With `only` (run labels) just those runs run (every repeat); the outputs also take every
-    other run of the plan already in `out_dir` (to re-run one failed or disturbed run).
+    other run of the plan already in `out_dir` (to re-run one failed or disturbed run), and
+    the recorded command keeps the one those runs came from (`EARLIER; then COMMAND`).
     Whatever ran is written even when a run or the fleet fails, or the user interrupts; the
     exception then propagates after the outputs are written (marked incomplete).
     """
@@ -209,6 +211,8 @@ def run_experiment(
     recorded = load_results(out_dir, specs, name=experiment.name)
     chosen_labels = {spec.label for spec in chosen}
     kept = [result for result in recorded if result.spec.label not in chosen_labels]
+    if only is not None and kept:
+        command = _with_earlier_command(out_dir / f"{experiment.name}.json", command)
     fresh: list[RunResult] = []
     complete = False
     try:
@@ -228,6 +232,14 @@ def run_experiment(
             protocol=protocol_record(runner, repeats),
         )
     return report
+
+
+def _with_earlier_command(document_path: Path, command: str) -> str:
+    """`EARLIER; then COMMAND` when the folder's document names the command of its runs."""
+    if not document_path.exists():
+        return command
+    earlier = json.loads(document_path.read_text()).get("command") or ""
+    return f"{earlier}; then {command}" if earlier and earlier != command else command
 
 
 def run_machines(results: Sequence[RunResult]) -> list[tuple[dict[str, Any], list[str]]]:

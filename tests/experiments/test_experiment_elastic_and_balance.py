@@ -179,8 +179,20 @@ def test_only_reruns_the_named_runs_and_keeps_the_others_from_the_folder(tmp_pat
             return collected
 
     runner = Runner()
-    report = run_experiment(experiment, runner, tmp_path, only=["lenet-speed"], repeats=2)  # type: ignore[arg-type]
+    (tmp_path / "balance.json").write_text(json.dumps({"command": "globaldl experiment balance"}))
+    report = run_experiment(
+        experiment,
+        runner,  # type: ignore[arg-type]
+        tmp_path,
+        "globaldl experiment balance --only lenet-speed",
+        only=["lenet-speed"],
+        repeats=2,
+    )
     assert runner.ran == ["lenet-speed"]
+    # The kept run's command stays on record beside the one that re-ran lenet-speed.
+    assert json.loads((tmp_path / "balance.json").read_text())["command"] == (
+        "globaldl experiment balance; then globaldl experiment balance --only lenet-speed"
+    )
     assert [row["label"] for row in report.rows] == ["lenet-equal", "lenet-speed"]
     # The kept run was written before repeats existed (runs/LABEL/result.json): repeat 1.
     assert (report.rows[0]["training_seconds"], report.rows[0]["repeats"]) == (40.0, 1)
