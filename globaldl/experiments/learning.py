@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from globaldl.experiments.aggregate import representative_results
 from globaldl.experiments.analysis import TargetCheck
 from globaldl.experiments.experiment import Experiment, run_row
 from globaldl.experiments.outputs import number_or_none, save_figure
@@ -300,8 +301,11 @@ class LearningExperiment(Experiment):
     def plots(
         self, rows: Sequence[dict[str, Any]], results: Sequence[RunResult], out_dir: Path
     ) -> list[Path]:
-        """Validation accuracy per epoch, calibration against fleet, per workload."""
-        finished = [result for result in results if result.summary is not None]
+        """Validation accuracy per epoch, calibration against fleet, per workload.
+
+        One curve per run: its median repeat (seeded runs repeat the same curve).
+        """
+        finished = representative_results(results)
         if not finished:
             return []
 
