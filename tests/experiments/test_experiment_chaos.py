@@ -180,6 +180,17 @@ def test_rows_and_targets_judge_hangs_losses_time_and_accuracy() -> None:
     assert experiment.targets(rows, [reference, chaos])[3].met is False  # 35 s > 30 s
 
 
+def test_the_cli_default_profile_is_the_experiments():
+    """The CLI keeps its defaults as text (no experiment import at start-up): they must agree."""
+    import inspect
+
+    from globaldl.cli.experiment.chaos import chaos
+    from globaldl.experiments.chaos import DEFAULT_PROFILE
+
+    assert inspect.signature(chaos).parameters["profile"].default == DEFAULT_PROFILE
+    assert ChaosExperiment().fleet.profile == DEFAULT_PROFILE
+
+
 def test_kills_count_over_every_repeat_against_the_schedule_times_the_repeats() -> None:
     experiment = ChaosExperiment(trials=2, trials_per_run=2)
     undisturbed_spec, chaos_spec = experiment.plan()
@@ -221,7 +232,7 @@ def test_chaos_dry_run_plans_without_touching_the_system(tmp_path: Path) -> None
     assert outcome.exit_code == 0, outcome.output
     assert "chaos: 3 runs" in outcome.output  # undisturbed + 2 chaos runs (4 + 2 trials)
     assert "x 3 repeats, interleaved = 9 runs" in outcome.output
-    assert outcome.output.count("globaldl fleet up -n 4 --profile lte --cpu 0.5") == 1
+    assert outcome.output.count("globaldl fleet up -n 4 --profile custom:5:17.5 --cpu 0.5") == 1
     assert "--epochs 22" in outcome.output  # 2 + 5 per trial of the longest run
     assert not out.exists()
     too_long = CliRunner().invoke(app, ["chaos", "--dry-run", "--collective-timeout-seconds", "60"])
