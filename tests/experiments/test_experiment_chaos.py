@@ -237,3 +237,22 @@ def test_chaos_dry_run_plans_without_touching_the_system(tmp_path: Path) -> None
     assert not out.exists()
     too_long = CliRunner().invoke(app, ["chaos", "--dry-run", "--collective-timeout-seconds", "60"])
     assert too_long.exit_code == 2 and "collective timeout must be 1..59 s" in too_long.output
+
+
+def test_a_report_rebuilds_the_experiment_with_the_options_its_runs_had() -> None:
+    from globaldl.cli.experiment.report import recorded_options
+
+    document = {"experiment": ChaosExperiment(trials=7, trials_per_run=7).get_config()}
+    options = recorded_options("chaos", document)
+    # Derived entries (epochs, the schedule) are rebuilt from the options; quick stays the CLI's.
+    assert options == {
+        "cycle_time_ms": None,
+        "profile": "custom:5:17.5",
+        "trials": 7,
+        "trials_per_run": 7,
+        "seed": 0,
+        "collective_timeout_seconds": 10,
+    }
+    assert ChaosExperiment(**options).schedule == ChaosExperiment(trials=7).schedule
+    assert recorded_options("chaos", {"experiment": {"name": "latency", "trials": 7}}) == {}
+    assert recorded_options("nope", document) == {}
