@@ -83,9 +83,12 @@ def test_rounds_of_one_device_follow_plain_training_each_round_applied_once(
 def test_a_nan_delta_skips_the_round_and_the_device_restarts_clean(exchange: Any) -> None:
     trainer, moved, summary = _train(exchange, sync_every=str(ROUND_STEPS), inject_nan_step=5)
     assert summary["rounds"]["skipped_rounds"] == 1
-    # Step 5's gradient is NaN: the losses of steps 6 and 7 (non-finite weights) are left
-    # out of the epoch's loss, and after the round nothing non-finite remains.
-    assert summary["skipped_steps"] == 2
+    # Step 5's gradient is NaN: steps 6 and 7 run on non-finite weights, and a non-finite
+    # loss is left out of the epoch's loss; after the round nothing non-finite remains.
+    # Whether those losses are non-finite depends on the CPU's kernels: on an Intel Xeon
+    # TensorFlow's max-pool returns 3.0 for the window [NaN, 1, 2, 3] (checked), so the
+    # losses stay finite there and no step is skipped; on an AMD EPYC both were.
+    assert summary["skipped_steps"] in (0, 2)
     assert all(np.isfinite(w).all() for w in moved)
     assert all(np.isfinite(v.numpy()).all() for v in trainer.optimizer.variables())
     assert np.isfinite(summary["history"][-1]["loss"])
