@@ -212,13 +212,13 @@ def keepalive_config_path(prefix: str, config_dir: Path = CLIENT_CONFIG_DIR) -> 
 
 
 def keepalive_misses(round_trip_ms: float) -> int:
-    """Unanswered keepalives before ssh ends a session: 3, and one more per 5 s of slack.
+    """Unanswered keepalives before ssh ends a session: 3, and more on slow links.
 
     A keepalive waits behind whatever the link has queued; ten round trips of slack per
     device keep a slow but live NB-IoT device (seconds per round trip) connected.
     """
     slack_seconds = 10 * max(round_trip_ms, 0.0) / 1000
-    return KEEPALIVE_MISSES + int(slack_seconds // KEEPALIVE_INTERVAL_SECONDS)
+    return KEEPALIVE_MISSES + math.ceil(slack_seconds / KEEPALIVE_INTERVAL_SECONDS)
 
 
 def keepalive_config(prefix: str, devices: Sequence[tuple[str, float]]) -> str:

@@ -229,8 +229,7 @@ def test_a_session_to_a_device_that_vanishes_without_closing_it_ends_within_the_
     effective = subprocess.run(
         ["ssh", "-G", address], capture_output=True, text=True, timeout=10, check=True
     ).stdout.splitlines()
-    assert "serveraliveinterval 5" in effective, effective
-    assert "serveralivecountmax 3" in effective, effective  # no delay on the link: 3 misses
+    assert "serveraliveinterval 5" in effective and "serveralivecountmax 3" in effective
     session = subprocess.Popen(
         # The command line of horovod/runner/util/remote.py, with its options only.
         ["ssh", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no", address]
