@@ -15,16 +15,7 @@ STATE_FILE_NAME = "fleet.json"
 DEFAULT_STATE_DIR = Path("/run/globaldl-fleet")
 
 # Kinds of resource in the journal, each undone by its own step in fleet teardown.
-RESOURCE_KINDS = (
-    "directory",
-    "bridge",
-    "netns",
-    "link",
-    "cgroup",
-    "known_hosts",
-    "process",
-    "file",
-)
+RESOURCE_KINDS = ("directory", "bridge", "netns", "link", "cgroup", "known_hosts", "process")
 LINK_KINDS = ("veth", "vde")
 
 
