@@ -2,8 +2,9 @@
 
 Four devices train LeNet/MNIST with top-k 1% + int8 under `fleet run --elastic --min-np 2`,
 on lte's rates without its delay (`custom:5:17.5`, the default profile): with lte's 35 ms each
-way an epoch took 87.5 s (99% exchange, measured), so one repeat of 7 trials would take about
-1.8 hours; what a kill costs is set by the Gloo timeouts, not by the link.
+way the first epoch of one stopped run took 87.5 s (99% exchange; not a benchmark figure), so
+one repeat of 7 trials would take about 1.8 hours (estimate); what a kill costs is set by
+the Gloo timeouts, not by the link.
 Seeded random trials (chaos_trials.py) each kill one of devices 2-4 (`fleet kill`: processes
 killed, link down, so it vanishes without closing a connection) once the ring trains at full
 size, and revive it once the survivors train again. The trials are spread over several runs

@@ -17,8 +17,9 @@ the same global batch and the same learning-rate schedule.
    its own against the same calibration.
 
 The links change how long a run takes, not what it learns (the exchange is synchronous): on
-lte a compressed ResNet-8 step took about 1.4 s, 95% of it exchange, so 3 repeats would take
-about 3.5 hours. The default is therefore lan; `--profile` runs the same plan on any link.
+lte a compressed ResNet-8 step took about 1.4 s, 95% of it exchange (one interrupted run, not
+a benchmark figure), so 3 repeats would take about 3.5 hours (estimate). The default is
+therefore lan; `--profile` runs the same plan on any link.
 
 Target: the fleet's final validation accuracy within 1 point of the calibrated target (one-
 sided: ending higher is fine). Both runs warm the learning rate up linearly and decay it
