@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from globaldl.files import write_text_atomically
 from globaldl.fleet import cgroups, sshd
 from globaldl.fleet.errors import FleetError
 from globaldl.fleet.links import DEVICE_INTERFACE, create_link, device_link, site_link
@@ -92,6 +93,7 @@ def create_fleet(
         state.devices.append(device)
         state.save()
     install_neighbours(state)
+    _write_keepalive_config(state, log)
     if state.sites:
         write_site_map(
             state_dir / "sites.yaml",
@@ -288,6 +290,21 @@ def _create_recorded(state: FleetState, kind: str, name: str, argv: list[str]) -
     if not existing.exists():
         state.record(kind, name=name)
     run(argv)
+
+
+def _write_keepalive_config(state: FleetState, log: Log) -> None:
+    """Write the keepalives of horovodrun's ssh sessions to the devices (sshd.py), journaled."""
+    if not sshd.CLIENT_CONFIG_DIR.is_dir():
+        log(
+            f"no {sshd.CLIENT_CONFIG_DIR}: ssh keeps no keepalive for the devices, so Horovod "
+            "Elastic may wait for good on a device that vanished without closing its session"
+        )
+        return
+    path = sshd.keepalive_config_path(state.prefix)
+    state.record("file", path=str(path))
+    state.save()
+    devices = [(device.address, host_round_trip_ms(state, device)) for device in state.devices]
+    write_text_atomically(path, sshd.keepalive_config(state.prefix, devices), mode=0o644)
 
 
 def host_round_trip_ms(state: FleetState, device: DeviceState) -> float:

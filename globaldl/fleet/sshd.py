@@ -7,6 +7,7 @@ import os
 import pwd
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from globaldl.files import write_text_atomically
@@ -193,6 +194,47 @@ def wait_for_login(
         f"could not log in to {expected_hostname} ({address}) by ssh within {timeout_seconds:g} s: "
         f"{last_error}"
     )
+
+
+# horovodrun reaches every worker through one long ssh session, and Horovod Elastic re-forms
+# the ring only once the session of a lost worker has ended. A device that vanishes without
+# closing it (power lost, link gone, or its sshd's FIN dropped with the packets still queued
+# on its shaped link when `fleet kill` takes the link down) leaves the session open for good:
+# measured, a chaos run hung 13 minutes after such a kill. ssh's own keepalive ends it.
+CLIENT_CONFIG_DIR = Path("/etc/ssh/ssh_config.d")
+KEEPALIVE_INTERVAL_SECONDS = 5
+KEEPALIVE_MISSES = 3
+
+
+def keepalive_config_path(prefix: str, config_dir: Path = CLIENT_CONFIG_DIR) -> Path:
+    """The ssh client settings `fleet up` writes for its devices (removed by `fleet down`)."""
+    return config_dir / f"globaldl-fleet-{prefix}.conf"
+
+
+def keepalive_misses(round_trip_ms: float) -> int:
+    """Unanswered keepalives before ssh ends a session: 3, and one more per 5 s of slack.
+
+    A keepalive waits behind whatever the link has queued; ten round trips of slack per
+    device keep a slow but live NB-IoT device (seconds per round trip) connected.
+    """
+    slack_seconds = 10 * max(round_trip_ms, 0.0) / 1000
+    return KEEPALIVE_MISSES + int(slack_seconds // KEEPALIVE_INTERVAL_SECONDS)
+
+
+def keepalive_config(prefix: str, devices: Sequence[tuple[str, float]]) -> str:
+    """The ssh client settings per device address, from `(address, round trip in ms)` pairs."""
+    lines = [
+        f"# Written by `globaldl fleet up` (prefix {prefix}); removed by `globaldl fleet down`.",
+        "# horovodrun's session to a device must end when the device vanishes without closing",
+        "# it: Horovod Elastic re-forms the ring only then (globaldl/fleet/sshd.py).",
+    ]
+    for address, round_trip_ms in devices:
+        lines += [
+            f"Host {address}",
+            f"    ServerAliveInterval {KEEPALIVE_INTERVAL_SECONDS}",
+            f"    ServerAliveCountMax {keepalive_misses(round_trip_ms)}",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def known_hosts_path() -> Path:

@@ -15,7 +15,16 @@ STATE_FILE_NAME = "fleet.json"
 DEFAULT_STATE_DIR = Path("/run/globaldl-fleet")
 
 # Kinds of resource in the journal, each undone by its own step in fleet teardown.
-RESOURCE_KINDS = ("directory", "bridge", "netns", "link", "cgroup", "known_hosts", "process")
+RESOURCE_KINDS = (
+    "directory",
+    "bridge",
+    "netns",
+    "link",
+    "cgroup",
+    "known_hosts",
+    "process",
+    "file",
+)
 LINK_KINDS = ("veth", "vde")
 
 

@@ -109,6 +109,8 @@ def _undo(resource: dict[str, Any], state: FleetState) -> None:
         cgroups.remove_group(Path(resource["path"]))
     elif kind == "directory":
         _remove_directory(Path(resource["path"]), resource["remove"])
+    elif kind == "file":
+        Path(resource["path"]).unlink(missing_ok=True)
     elif kind == "known_hosts":
         path = Path(resource["path"])
         sshd.forget_host_keys(path, [device.host_key_public for device in state.devices])

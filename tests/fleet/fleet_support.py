@@ -183,6 +183,9 @@ def leftovers(prefix: str, state_dir: Path) -> dict[str, list[str]]:
         if Path("/etc/netns").exists()
         else []
     )
+    found["ssh_client_config"] = [
+        str(path) for path in Path("/etc/ssh/ssh_config.d").glob(f"globaldl-fleet-{prefix}.conf")
+    ]
     found["state"] = [str(state_dir)] if state_dir.exists() else []
     return {kind: items for kind, items in found.items() if items}
 

@@ -7,10 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from fleet_support import leftovers, needs_fleet_system, sshd_pids_of
+
+from globaldl.fleet import sshd
+from globaldl.fleet.links import DEVICE_INTERFACE
 
 pytestmark = needs_fleet_system
 
@@ -213,3 +217,41 @@ def test_kill_takes_a_device_out_and_revive_brings_it_back(test_fleet):
         unknown.returncode == 2
         and f"devices: {test_fleet.device(1)}, {test_fleet.device(2)}" in unknown.stderr
     )
+
+
+def test_a_session_to_a_device_that_vanishes_without_closing_it_ends_within_the_keepalive(
+    test_fleet,
+):
+    """horovodrun's ssh (Horovod's own options) must end, or Horovod Elastic waits for good."""
+    test_fleet.up("-n", "1", "--profile", "custom:10:10")
+    address = test_fleet.address(1)
+    assert f"Host {address}" in sshd.keepalive_config_path(test_fleet.prefix).read_text()
+    effective = subprocess.run(
+        ["ssh", "-G", address], capture_output=True, text=True, timeout=10, check=True
+    ).stdout.splitlines()
+    assert "serveraliveinterval 5" in effective, effective
+    assert "serveralivecountmax 3" in effective, effective  # no delay on the link: 3 misses
+    session = subprocess.Popen(
+        # The command line of horovod/runner/util/remote.py, with its options only.
+        ["ssh", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no", address]
+        + ["-i", str(test_fleet.state_dir / "ssh" / "id_ed25519"), "echo up; sleep 600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert session.stdout is not None and session.stdout.readline().strip() == "up"
+        # The device vanishes: nothing on it is killed or closed, its link just goes.
+        subprocess.run(
+            ["ip", "-n", test_fleet.device(1), "link", "set", DEVICE_INTERFACE, "down"],
+            check=True,
+            timeout=10,
+        )
+        vanished = time.monotonic()
+        session.wait(timeout=60)
+        # 3 keepalives 5 s apart go unanswered; ssh gives up with 255.
+        assert session.returncode == 255
+        assert time.monotonic() - vanished < 3 * 5 + 10
+    finally:
+        session.kill()
+        session.wait()
