@@ -21,15 +21,19 @@ pytestmark = [needs_fleet_system, pytest.mark.horovod]
 CYCLE_TIME_MS = 50.0
 # The model's parts are of two kinds. Exact: headers (packet counts), gradients and every other
 # collective (bytes from the summary through Gloo's algorithms and framing), log lines (counted).
-# Measured in the calibration run or estimated, each with the spread seen in three runs on this
-# machine (4 x 0.4 cores, LeNet top-k 1% + int8, 20-30 steps, load average 10-30 from other
-# work): coordination, bytes per idle cycle x the cycles counted, reproduced the run within 3%;
-# Horovod's init, 10.8-17.6 kB per device, varies with how long ranks wait for each other at
-# the rendezvous (50%); retransmissions, segments x mean payload per segment (30%); the
-# launch's ssh sessions, 6.9-7.0 kB, steady. The model missed by -3.8 to +13.7 kB per device
-# (1.1-2.2 MB sent each). Leaving out half of the gradients (the ring-allreduce factor 1.5
-# instead of the allgather's 3) would miss by 80 kB, more than twice the bound.
-COORDINATION_SHARE, INIT_SHARE, RETRANSMISSION_SHARE = 0.03, 0.5, 0.3
+# Measured in the calibration run or estimated, each with the spread seen on these machines
+# (4 x 0.4 cores, LeNet top-k + int8, 20-30 steps): coordination, bytes per idle cycle x the
+# cycles counted, reproduced the run within 3% on the AMD EPYC machine (load average 10-30 from
+# other work), but on the Intel Xeon machine (quiet) the run sent 9% less to 28% more per cycle
+# than the idle calibration (28 device runs; the 28% once, on rank 0 in a CI run), so its share
+# is 30%; Horovod's init, 10.8-17.6 kB per device, varies with how long ranks wait for each
+# other at the rendezvous (50%); retransmissions, segments x mean payload per segment (30%);
+# the launch's ssh sessions, 6.7-7.0 kB, steady (with the ssh keepalive, a device answers one
+# small probe per 5 s its session is quiet; the calibration's launch counts those of its run).
+# The density is 5% so that the gradients outweigh those spreads: leaving out half of them (the
+# ring-allreduce factor 1.5 instead of the allgather's 3) misses by about 200 kB per device,
+# more than twice the bound.
+COORDINATION_SHARE, INIT_SHARE, RETRANSMISSION_SHARE = 0.3, 0.5, 0.3
 SLACK_BYTES = 2_000
 
 
@@ -78,7 +82,7 @@ def test_one_device_fleet_run_rendezvous_at_the_host_whatever_order_horovod_sets
 
 
 def test_compressed_four_device_run_sends_what_the_allgather_model_says(test_fleet, tmp_path):
-    """Top-k 1% + int8 on 4 devices: every device's uplink bytes, explained part by part.
+    """Top-k 5% + int8 on 4 devices: every device's uplink bytes, explained part by part.
 
     The calibration (same fleet, same cycle time) gives each rank's bytes per idle Horovod
     cycle, its init and the launch's ssh sessions; rank 0's timeline counts the run's cycles.
@@ -96,7 +100,7 @@ def test_compressed_four_device_run_sends_what_the_allgather_model_says(test_fle
         "HOROVOD_TIMELINE_MARK_CYCLES": "1",
     }
     train = ["--model", "lenet", "--dataset", "mnist", "--epochs", "1"]
-    train += ["--max-steps-per-epoch", "20", "--prune", "topk", "--density", "0.01"]
+    train += ["--max-steps-per-epoch", "20", "--prune", "topk", "--density", "0.05"]
     train += ["--quantize", "int8"]
     result = run_on_fleet(
         fleet,
