@@ -25,7 +25,7 @@ CYCLE_TIME_MS = 50.0
 # (4 x 0.4 cores, LeNet top-k + int8, 20-30 steps): coordination, bytes per idle cycle x the
 # cycles counted, reproduced the run within 3% on the AMD EPYC machine (load average 10-30 from
 # other work), but on the Intel Xeon machine (quiet) the run sent 9% less to 28% more per cycle
-# than the idle calibration (28 device runs; the 28% once, on rank 0 in a CI run), so its share
+# than the idle calibration (32 device runs in 8 runs; the 28% once, rank 0 in CI): its share
 # is 30%; Horovod's init, 10.8-17.6 kB per device, varies with how long ranks wait for each
 # other at the rendezvous (50%); retransmissions, segments x mean payload per segment (30%);
 # the launch's ssh sessions, 6.7-7.0 kB, steady (with the ssh keepalive, a device answers one
