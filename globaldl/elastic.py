@@ -53,10 +53,10 @@ Known failure modes of Horovod Elastic, and what guards against each:
   gives up waiting for it and every worker aborts (measured on the fleet: at 10 s a revived
   0.5-core device, which needs ~20 s to import TensorFlow, took the whole run down). The same
   Horovod timeout is how long survivors wait for a device that vanished silently. Two timeouts
-  (globaldl/elastic_timeouts.py): every ring forms under the long join timeout
-  (GLOBALDL_GLOO_JOIN_TIMEOUT_SECONDS, 60 s), and once it has trained a few steps every worker
-  re-forms it under the short collective timeout (GLOBALDL_GLOO_COLLECTIVE_TIMEOUT_SECONDS,
-  10 s, or 4x the slowest step if longer), at the same committed step, keeping its trainer.
+  (globaldl/elastic_timeouts.py, with the third edit of scripts/build-horovod.sh): every ring
+  forms under the long join timeout (GLOBALDL_GLOO_JOIN_TIMEOUT_SECONDS, 60 s) and trains
+  under the short collective timeout (GLOBALDL_GLOO_COLLECTIVE_TIMEOUT_SECONDS, 10 s) from its
+  first step; a ring whose steps are too slow for it re-forms once under 4x its slowest step.
 - State restored at different steps on different ranks: after a failure each survivor rolls
   back to its own last commit, which can differ if the failure struck during a commit; the
   synchronisation that follows overwrites every worker's shared state with rank 0's, so all
@@ -75,7 +75,12 @@ import numpy as np
 import tensorflow as tf
 
 from globaldl import summary
-from globaldl.elastic_timeouts import STEPS_BEFORE_TIGHTENING, GlooTimeouts, use_gloo_timeout
+from globaldl.elastic_timeouts import (
+    STEPS_BEFORE_TIMEOUT_CHECK,
+    GlooTimeouts,
+    horovod_splits_the_timeouts,
+    use_gloo_timeouts,
+)
 from globaldl.monitoring import NullObserver, TrainingObserver
 from globaldl.settings import TrainSettings
 from globaldl.trainer import EpochResult, RunTotals, Trainer, optimizer_variables
@@ -138,13 +143,20 @@ class ElasticState(_state_base()):  # type: ignore[misc]
     def __init__(self, settings: TrainSettings, phase_timing: bool = True) -> None:
         self.settings = settings
         self.phase_timing = phase_timing
-        # The first ring waits for every worker's start-up: the long join timeout.
+        # Rings form under the long join timeout and train under the short collective one.
         self.timeouts = GlooTimeouts.from_env()
-        self.gloo_timeout_seconds = self.timeouts.join_seconds
-        use_gloo_timeout(self.gloo_timeout_seconds)
+        self.gloo_timeout_seconds = self.timeouts.collective_seconds
+        if not horovod_splits_the_timeouts():
+            log.warning(
+                "elastic: this Horovod lacks the rendezvous join-timeout edit of "
+                "scripts/build-horovod.sh; collectives wait the join timeout (%d s) too",
+                self.timeouts.join_seconds,
+            )
+            self.gloo_timeout_seconds = self.timeouts.join_seconds
+        use_gloo_timeouts(self.gloo_timeout_seconds, self.timeouts.join_seconds)
         self._new_ring()
-        self.tightenings: list[dict[str, Any]] = []
-        self._tightened_last = False
+        self.timeout_changes: list[dict[str, Any]] = []
+        self._timeout_changed_last = False
         self.trainer = Trainer(settings, phase_timing=phase_timing)
         exchange = self.trainer.exchange
         # Shared Python state (rank 0's wins at every sync).
@@ -197,56 +209,54 @@ class ElasticState(_state_base()):  # type: ignore[misc]
 
     # -------------------------------------------------------------- Horovod's State API
     def commit(self) -> None:
-        """Average the ranks' moving statistics, commit (save, check for new hosts), tighten.
+        """Average the moving statistics, commit (save, check for new hosts), check the timeout.
 
         After the average every worker commits the same shared state, so whichever worker
         ends up rank 0 after a failure, the state broadcast from it is the fleet's.
         """
         self.trainer.synchronise_local_statistics()
         super().commit()
-        self._tighten_if_safe()
+        self._loosen_if_needed()
 
-    # -------------------------------------------------------------- the two Gloo timeouts
+    # -------------------------------------------------------------- the collective timeout
     def _new_ring(self) -> None:
-        """A ring formed under the join timeout: time its steps afresh, decide again."""
-        self._timeout_decided = False
+        """A ring just formed: time its steps afresh, check its collective timeout again."""
+        self._timeout_checked = False
         self._steps_timed = 0
         self._slowest_step_seconds = 0.0
-        self._tighten_to: int | None = None
+        self._loosen_to: int | None = None
 
-    def _tighten_if_safe(self) -> None:
-        """Once per ring, after a few timed steps: re-form it under the collective timeout.
+    def _loosen_if_needed(self) -> None:
+        """Once per ring, after a few timed steps: re-form it if its steps need a longer timeout.
 
         Rank 0 decides from its slowest step and broadcasts the decision, so every worker
         raises the interrupt at this same committed step (or none does). The state was just
         committed on every worker; the synchronisation still runs (one broadcast of the shared
         state), in case a device joined while the ring re-formed.
         """
-        if self._timeout_decided or self._steps_timed < STEPS_BEFORE_TIGHTENING:
+        if self._timeout_checked or self._steps_timed < STEPS_BEFORE_TIMEOUT_CHECK:
             return
         from horovod.common.exceptions import HostsUpdatedInterrupt
 
-        self._timeout_decided = True
+        self._timeout_checked = True
         proposal = self.timeouts.safe_collective_seconds(self._slowest_step_seconds)
         exchange = self.trainer.exchange
         seconds = _collective_failures_as_horovod_errors(
             lambda: exchange.broadcast_object(proposal, "elastic_gloo_timeout")
         )
-        if seconds is None or seconds >= self.gloo_timeout_seconds:
+        if seconds <= self.gloo_timeout_seconds:
             return
-        self._tighten_to = int(seconds)
+        self._loosen_to = int(seconds)
         raise HostsUpdatedInterrupt(False)
 
     def restart_ring(self) -> None:
-        """Leave the ring and form the next one under the timeout it needs.
+        """Leave the ring and form the next one: join timeout to form, collective timeout to train.
 
-        A re-formation for a membership change may wait for a joining worker: join timeout.
-        A tightening re-forms the same warm members: collective timeout.
+        A loosening re-forms the same members under the longer collective timeout it chose.
         """
-        self.gloo_timeout_seconds = (
-            self._tighten_to if self._tighten_to is not None else self.timeouts.join_seconds
-        )
-        use_gloo_timeout(self.gloo_timeout_seconds)
+        if self._loosen_to is not None:
+            self.gloo_timeout_seconds = self._loosen_to
+        use_gloo_timeouts(self.gloo_timeout_seconds, self.timeouts.join_seconds)
         self.trainer.exchange.restart()
 
     def save(self) -> None:
@@ -299,22 +309,22 @@ class ElasticState(_state_base()):  # type: ignore[misc]
     def reset(self) -> None:
         """The ring re-formed: rebuild the trainer for the new size and move the state in.
 
-        A tightening that found the same members keeps the trainer (and its traced step).
+        A loosening that found the same members keeps the trainer (and its traced step).
         """
         old = self.trainer
         exchange = old.exchange
-        if self._tighten_to is not None:
-            tightened, self._tighten_to = self._tighten_to, None
+        if self._loosen_to is not None:
+            loosened, self._loosen_to = self._loosen_to, None
             if (exchange.size, exchange.rank) == (old.size, old.rank):
-                self.tightenings.append(
-                    {"at": time.time(), "step": int(old.step.numpy()), "seconds": tightened}
+                self.timeout_changes.append(
+                    {"at": time.time(), "step": int(old.step.numpy()), "seconds": loosened}
                 )
-                self._tightened_last = True
-                log.warning("elastic: collective timeout now %d s", tightened)
+                self._timeout_changed_last = True
+                log.warning("elastic: collective timeout now %d s", loosened)
                 return
             # The members changed while re-forming: a membership change after all.
             self.events.append(ElasticEvent("hosts_changed", time.time(), old.size))
-        self._tightened_last = False
+        self._timeout_changed_last = False
         self._new_ring()
         self.trainer = Trainer(self.settings, exchange=old.exchange, phase_timing=self.phase_timing)
         if old.rounds is not None and self.trainer.rounds is not None:
@@ -342,7 +352,7 @@ class ElasticState(_state_base()):  # type: ignore[misc]
         self._take_shared_objects(_collective_failures_as_horovod_errors(broadcast))
         if trainer.rounds is not None:
             trainer.rounds.after_restore(int(trainer.step.numpy()), own_state_found=True)
-        if self.events and not self._tightened_last:
+        if self.events and not self._timeout_changed_last:
             self.events[-1].step = int(trainer.step.numpy())
         self.save()
 
@@ -369,8 +379,8 @@ class ElasticState(_state_base()):  # type: ignore[misc]
             "residual_policy": RESIDUAL_POLICY,
             "events": [dict(event.__dict__) for event in self.events],
             "gloo_join_timeout_seconds": self.timeouts.join_seconds,
-            "gloo_collective_timeout_seconds": self.timeouts.collective_seconds,
-            "tightenings": list(self.tightenings),
+            "gloo_collective_timeout_seconds": self.gloo_timeout_seconds,
+            "collective_timeout_changes": list(self.timeout_changes),
         }
 
 

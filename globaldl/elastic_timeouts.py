@@ -10,20 +10,23 @@ two different waits:
   without closing its connections: a dead device sends no FIN or RST, so nothing but the
   timeout ends the wait).
 
-A long value keeps slow joiners in; a short one detects deaths early. One value cannot do both.
-What Horovod does allow: the C++ core reads the variable from the process environment at every
-`hvd.init`, and an elastic worker calls `hvd.shutdown(); hvd.init()` at every membership
-change. So each worker sets the LONG join timeout before every `hvd.init` that may wait for a
-joiner (the first one, and every re-formation after a failure or a host change), and, once the
-new ring has run a few steps with every member, re-forms once more with the SHORT collective
-timeout. That second re-formation is cheap (every member is warm: no joiner, the same size and
-ranks, the trainer and its traced step are kept) and all workers take it at the same committed
-step, decided by rank 0 and broadcast.
+A long value keeps slow joiners in; a short one detects deaths early. One value cannot do both,
+so globaldl's Horovod build (scripts/build-horovod.sh, third edit) splits them: the rendezvous
+waits for its peers under GLOBALDL_GLOO_JOIN_TIMEOUT_SECONDS, then the formed ring takes
+HOROVOD_GLOO_TIMEOUT_SECONDS for every collective. Both are read at every `hvd.init`, and an
+elastic worker calls `hvd.shutdown(); hvd.init()` at every membership change, so each worker
+sets both before every `hvd.init` (`use_gloo_timeouts`): every ring forms under the join
+timeout and trains under the collective timeout from its first step.
 
-The short timeout is only used when it is safe: a healthy collective can legitimately wait as
-long as the slowest peer's step (compute plus exchange on its link), so the collective timeout
-is at least `STEP_SAFETY_FACTOR` x the slowest step seen on the new ring; when that reaches the
-join timeout the ring stays on the join timeout (nothing to gain).
+The short timeout must still outlast a healthy collective, which can take as long as the
+slowest peer's transfer on its link. The collective timeout is at least `STEP_SAFETY_FACTOR` x
+the slowest step seen on a ring: when a ring's first timed steps are slower than that allows,
+every worker re-forms it once under the longer timeout (a loosening, decided by rank 0 and
+broadcast, at the same committed step).
+
+A Horovod without the edit (an older wheel) waits for a rendezvous under the collective
+timeout, where a short one would abort the run whenever a device joins slowly: then both waits
+use the join timeout, and a vanished device is noticed only after it.
 
 Other Horovod mechanisms, and why they are not the answer here:
 
@@ -52,8 +55,10 @@ DEFAULT_JOIN_TIMEOUT_SECONDS = 60
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 10
 # A collective may wait one slowest step for a peer; 4x leaves room for a slow stretch.
 STEP_SAFETY_FACTOR = 4.0
-# Timed steps on a new ring before the collective timeout is chosen (its first step traces).
-STEPS_BEFORE_TIGHTENING = 3
+# Timed steps on a new ring before its collective timeout is checked (its first step traces).
+STEPS_BEFORE_TIMEOUT_CHECK = 3
+# The edit of scripts/build-horovod.sh that gives the rendezvous its own (join) timeout.
+JOIN_TIMEOUT_PATCH = "gloo-rendezvous-join-timeout"
 
 
 def _positive_seconds(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -98,20 +103,29 @@ class GlooTimeouts:
             ),
         )
 
-    def safe_collective_seconds(self, slowest_step_seconds: float) -> int | None:
-        """The collective timeout for a ring whose slowest step took this long; None: keep join.
+    def safe_collective_seconds(self, slowest_step_seconds: float) -> int:
+        """The collective timeout for a ring whose slowest step took this long.
 
-        At least the configured collective timeout and `STEP_SAFETY_FACTOR` x the slowest step;
-        None when that is not shorter than the join timeout.
+        The configured collective timeout, or `STEP_SAFETY_FACTOR` x the slowest step if longer.
         """
         if not slowest_step_seconds >= 0:
             raise ValueError(f"slowest step must be >= 0 s, got {slowest_step_seconds!r}")
-        needed = math.ceil(STEP_SAFETY_FACTOR * slowest_step_seconds)
-        seconds = max(self.collective_seconds, needed)
-        return seconds if seconds < self.join_seconds else None
+        return max(self.collective_seconds, math.ceil(STEP_SAFETY_FACTOR * slowest_step_seconds))
 
 
-def use_gloo_timeout(seconds: int, environ: MutableMapping[str, str] | None = None) -> None:
-    """Make the next `hvd.init` of this process use `seconds` as its Gloo timeout."""
+def horovod_splits_the_timeouts() -> bool:
+    """Whether this Horovod was built with the rendezvous join-timeout edit."""
+    try:
+        from horovod import globaldl_patches
+    except ImportError:
+        return False
+    return JOIN_TIMEOUT_PATCH in getattr(globaldl_patches, "APPLIED", ())
+
+
+def use_gloo_timeouts(
+    collective_seconds: int, join_seconds: int, environ: MutableMapping[str, str] | None = None
+) -> None:
+    """Set what this process's next `hvd.init` reads: the rendezvous's and collectives' waits."""
     environ = os.environ if environ is None else environ
-    environ[HOROVOD_TIMEOUT_ENV] = str(int(seconds))
+    environ[HOROVOD_TIMEOUT_ENV] = str(int(collective_seconds))
+    environ[JOIN_TIMEOUT_ENV] = str(int(join_seconds))

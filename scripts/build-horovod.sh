@@ -28,24 +28,33 @@ fi
 tar -xzf "$sdist" -C "$work"
 src="$work/horovod-$horovod_version"
 
-# Horovod 0.28.1 is the last release; two source edits make it build and run here:
+# Horovod 0.28.1 is the last release; three source edits make it build and run here:
 # 1. horovod/tensorflow/xla_mpi_ops.cc holds XLA GPU custom-call ops whose headers moved in
 #    TensorFlow 2.16+; it is dropped from the build (no GPU here, nothing uses it).
 # 2. GlooContext::InitializeForProcessSet never copies gloo_iface_ from the global context, so
 #    process-set contexts fall back to the hostname, which on edge devices often resolves to
 #    127.0.1.1; the one-line fix copies the interface.
+# 3. One Gloo timeout (HOROVOD_GLOO_TIMEOUT_SECONDS) bounds both the rendezvous of a new ring and
+#    every collective of a formed one; an elastic run needs a long wait for a joining device
+#    that is still starting TensorFlow and a short one to notice a dead peer. Rendezvous()
+#    waits for its peers under GLOBALDL_GLOO_JOIN_TIMEOUT_SECONDS when it is set, then hands the
+#    formed context back its usual timeout, which every later collective takes.
 sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
 grep -q 'xla_mpi_ops' "$src/horovod/tensorflow/CMakeLists.txt" && { log "could not drop xla_mpi_ops.cc"; exit 1; }
 perl -0pi -e 's/(GlooContext::InitializeForProcessSet.*?)(\n([ \t]*)device_attr\.iface = gloo_iface_;)/$1\n$3gloo_iface_ = global_context.gloo_iface_;$2/s' \
   "$src/horovod/common/gloo/gloo_context.cc"
 [[ $(grep -c 'gloo_iface_ = global_context.gloo_iface_;' "$src/horovod/common/gloo/gloo_context.cc") == 1 ]] \
   || { log "could not apply the Gloo interface fix"; exit 1; }
-# Written only once both edits are verified: `globaldl doctor` reads it on every device, since
+perl -0pi -e 's/(\n([ \t]*)context->setTimeout\(timeout\);\n[ \t]*context->connectFullMesh\(\*store, dev\);\n.*?opts\.setTimeout\(timeout\);\n.*?store->Finalize\(\);)/$1\n$2context->setTimeout(timeout);/s; s/(\n[ \t]*)(context->setTimeout\(timeout\);)(\n[ \t]*context->connectFullMesh)/$1auto join_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(\n      std::chrono::seconds(GetIntEnvOrDefault("GLOBALDL_GLOO_JOIN_TIMEOUT_SECONDS",\n          (int) std::chrono::duration_cast<std::chrono::seconds>(timeout).count())));$1context->setTimeout(join_timeout);$3/s; s/(gloo::BarrierOptions opts\(context\);\n[ \t]*)opts\.setTimeout\(timeout\);/$1opts.setTimeout(join_timeout);/s' \
+  "$src/horovod/common/gloo/gloo_context.cc"
+[[ $(grep -c 'join_timeout' "$src/horovod/common/gloo/gloo_context.cc") == 3 ]] \
+  || { log "could not apply the rendezvous join timeout"; exit 1; }
+# Written only once every edit is verified: `globaldl doctor` reads it on every device, since
 # the compiled library cannot show whether the interface fix went in.
 cat >"$src/horovod/globaldl_patches.py" <<'PY'
 """Source edits applied by globaldl's scripts/build-horovod.sh before this Horovod was built."""
 
-APPLIED = ("drop-xla-mpi-ops", "gloo-process-set-interface")
+APPLIED = ("drop-xla-mpi-ops", "gloo-process-set-interface", "gloo-rendezvous-join-timeout")
 PY
 
 (

@@ -15,6 +15,8 @@ CLOCK_SKEW_WARN_SECONDS = 0.5
 # Below this much headroom over the need, the kernel may start killing at the first big batch.
 MEMORY_HEADROOM = 1.25
 REQUIRED_PATCH = "gloo-process-set-interface"
+# Without it an elastic run notices a vanished device only after the long join timeout.
+ELASTIC_PATCH = "gloo-rendezvous-join-timeout"
 VERSION_KEYS = ("python", "tensorflow", "horovod", "globaldl")
 
 
@@ -125,6 +127,14 @@ def _horovod(probe: DeviceProbe) -> Check:
             "no fix",
             "Horovod lacks the Gloo interface fix (process sets fall back to the host name); "
             "install the wheel of scripts/build-horovod.sh",
+        )
+    if ELASTIC_PATCH not in facts.get("patches", []):
+        return Check(
+            "horovod",
+            Verdict.WARN,
+            "no join",
+            "Horovod lacks the rendezvous join timeout: elastic runs notice a vanished device "
+            "only after the join timeout; install the wheel of scripts/build-horovod.sh",
         )
     return Check("horovod", Verdict.OK, "gloo+fix")
 

@@ -10,9 +10,8 @@ killed, link down, so it vanishes without closing a connection) once the ring tr
 size, and revive it once the survivors train again. The trials are spread over several runs
 (an elastic run of a few hundred steps per trial), next to one undisturbed run of the same
 length. Workers use the two Gloo timeouts of globaldl/elastic_timeouts.py: rings form under
-the join timeout (a revived device starts TensorFlow on half a core) and, once trained a few
-steps, re-form under the collective timeout, which bounds how long survivors wait for a
-device that vanished.
+the join timeout (a revived device starts TensorFlow on half a core) and train under the
+collective timeout, which bounds how long survivors wait for a device that vanished.
 
 Reported per trial (NAME-trials.csv) and per run: hangs (a kill after which no step came and
 the run did not finish), steps lost per failure, seconds from the kill to the survivors' next

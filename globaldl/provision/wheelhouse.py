@@ -9,7 +9,9 @@ wheel a device installs is gathered here first, for the device's architecture an
         globaldl-*.whl            built from the controller's source, byte-reproducible
         horovod-0.28.1.tar.gz     Horovod's source, for the one device that builds the wheel
         horovod-0.28.1-*.whl      the patched wheel: from the controller's own set-up when it
-                                  matches the platform, else built on a device and fetched back
+                                  matches the platform, else built on a device and fetched back;
+                                  a wheel without the newest edit of scripts/build-horovod.sh
+                                  is removed, so the next playbook run builds a new one
 
 `stack.tar` is written deterministically (sorted names, fixed times and owners), so the same
 pins give the same bytes and Ansible's copy reports no change.
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,6 +36,8 @@ from globaldl.provision.requirements import pinned_stack, runtime_closure
 
 ARCHITECTURES: tuple[str, ...] = ("aarch64", "x86_64")
 HOROVOD_VERSION = "0.28.1"
+# The newest source edit of scripts/build-horovod.sh, as its horovod/globaldl_patches.py names it.
+NEWEST_HOROVOD_PATCH = "gloo-rendezvous-join-timeout"
 # Bookworm's glibc; every manylinux tag up to it is accepted (pip does not expand the tag).
 NEWEST_GLIBC_MINOR = 36
 # The installer devices use: one static binary, links wheels out of its cache.
@@ -230,9 +235,22 @@ def _download_horovod_source(directory: Path) -> bool:
     return True
 
 
+def _has_newest_patch(wheel: Path) -> bool:
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            patches = archive.read("horovod/globaldl_patches.py").decode()
+    except (KeyError, zipfile.BadZipFile):
+        return False
+    return f'"{NEWEST_HOROVOD_PATCH}"' in patches
+
+
 def _horovod_wheel(directory: Path) -> Path | None:
-    wheels = sorted(directory.glob(f"horovod-{HOROVOD_VERSION}-*.whl"))
-    return wheels[0] if wheels else None
+    """The wheelhouse's patched Horovod wheel; one built before the newest edit is removed."""
+    for wheel in sorted(directory.glob(f"horovod-{HOROVOD_VERSION}-*.whl")):
+        if _has_newest_patch(wheel):
+            return wheel
+        wheel.unlink()
+    return None
 
 
 def _reuse_setup_wheel(directory: Path, cache: Path, python_version: str) -> Path | None:
@@ -240,7 +258,7 @@ def _reuse_setup_wheel(directory: Path, cache: Path, python_version: str) -> Pat
     tensorflow = runtime_closure().get("tensorflow")
     tag = "cp" + python_version.replace(".", "")
     candidates = sorted(
-        (Path(cache) / f"horovod-{HOROVOD_VERSION}-patched2-tf{tensorflow}-{tag}").glob(
+        (Path(cache) / f"horovod-{HOROVOD_VERSION}-patched3-tf{tensorflow}-{tag}").glob(
             f"horovod-{HOROVOD_VERSION}-{tag}-{tag}-linux_{platform.machine()}.whl"
         )
     )

@@ -27,7 +27,11 @@ def healthy(host: str, **changes: object) -> DeviceProbe:
         "globaldl": "0.1.0",
         "tensorflow_built": True,
         "gloo_built": True,
-        "patches": ["drop-xla-mpi-ops", "gloo-process-set-interface"],
+        "patches": [
+            "drop-xla-mpi-ops",
+            "gloo-process-set-interface",
+            "gloo-rendezvous-join-timeout",
+        ],
     }
     facts.update(changes)
     return DeviceProbe(
@@ -89,6 +93,11 @@ def test_the_odd_versions_out_fail_and_the_majority_passes() -> None:
 )
 def test_each_broken_fact_fails_its_check(changes: dict, check: str) -> None:
     assert verdicts([healthy("a", **changes)])["a"][check] is Verdict.FAIL
+
+
+def test_horovod_without_the_join_timeout_edit_only_warns() -> None:
+    patches = ["drop-xla-mpi-ops", "gloo-process-set-interface"]
+    assert verdicts([healthy("a", patches=patches)])["a"]["horovod"] is Verdict.WARN
 
 
 def test_clock_skew_and_tight_memory_only_warn() -> None:

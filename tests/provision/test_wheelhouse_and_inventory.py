@@ -6,6 +6,7 @@ import importlib.metadata as metadata
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import yaml
 
 from globaldl.provision.requirements import pinned_stack
 from globaldl.provision.wheelhouse import (
+    NEWEST_HOROVOD_PATCH,
+    _horovod_wheel,
     _write_reproducible_tar,
     platform_name,
     platform_tags,
@@ -72,6 +75,20 @@ def _check_play(inventory: Path) -> subprocess.CompletedProcess[str]:
         timeout=180,
         check=False,
     )
+
+
+def _wheel(path: Path, applied: tuple[str, ...]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("horovod/globaldl_patches.py", f"APPLIED = {applied!r}\n")
+    return path
+
+
+def test_a_wheelhouse_horovod_wheel_without_the_newest_edit_is_removed(tmp_path: Path) -> None:
+    old = _wheel(tmp_path / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl", ("drop-xla-mpi-ops",))
+    assert _horovod_wheel(tmp_path) is None
+    assert not old.exists()
+    new = _wheel(old, ("drop-xla-mpi-ops", NEWEST_HOROVOD_PATCH))
+    assert _horovod_wheel(tmp_path) == new and new.exists()
 
 
 def test_example_inventory_passes_the_playbooks_check() -> None:
