@@ -241,7 +241,7 @@ def _has_newest_patch(wheel: Path) -> bool:
             patches = archive.read("horovod/globaldl_patches.py").decode()
     except (KeyError, zipfile.BadZipFile):
         return False
-    return f'"{NEWEST_HOROVOD_PATCH}"' in patches
+    return NEWEST_HOROVOD_PATCH in patches
 
 
 def _horovod_wheel(directory: Path) -> Path | None:
