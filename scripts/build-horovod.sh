@@ -28,7 +28,7 @@ fi
 tar -xzf "$sdist" -C "$work"
 src="$work/horovod-$horovod_version"
 
-# Horovod 0.28.1 is the last release; three source edits make it build and run here:
+# Horovod 0.28.1 is the last release; four source edits make it build and run here:
 # 1. horovod/tensorflow/xla_mpi_ops.cc holds XLA GPU custom-call ops whose headers moved in
 #    TensorFlow 2.16+; it is dropped from the build (no GPU here, nothing uses it).
 # 2. GlooContext::InitializeForProcessSet never copies gloo_iface_ from the global context, so
@@ -39,6 +39,10 @@ src="$work/horovod-$horovod_version"
 #    that is still starting TensorFlow and a short one to notice a dead peer. Rendezvous()
 #    waits for its peers under GLOBALDL_GLOO_JOIN_TIMEOUT_SECONDS when it is set, then hands the
 #    formed context back its usual timeout, which every later collective takes.
+# 4. The elastic driver tells rank 0's worker about host changes while it holds the lock that
+#    every re-formation waits for, over a connect without a timeout: when rank 0's device has
+#    vanished, three connects to it (~127 s of SYN retries each) stalled every survivor for
+#    ~400 s on the fleet. The notification now runs in its own thread, outside the lock.
 sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
 grep -q 'xla_mpi_ops' "$src/horovod/tensorflow/CMakeLists.txt" && { log "could not drop xla_mpi_ops.cc"; exit 1; }
 perl -0pi -e 's/(GlooContext::InitializeForProcessSet.*?)(\n([ \t]*)device_attr\.iface = gloo_iface_;)/$1\n$3gloo_iface_ = global_context.gloo_iface_;$2/s' \
@@ -49,12 +53,21 @@ perl -0pi -e 's/(\n([ \t]*)context->setTimeout\(timeout\);\n[ \t]*context->conne
   "$src/horovod/common/gloo/gloo_context.cc"
 [[ $(grep -c 'join_timeout' "$src/horovod/common/gloo/gloo_context.cc") == 3 ]] \
   || { log "could not apply the rendezvous join timeout"; exit 1; }
+perl -0pi -e 's/(\n([ \t]*)timestamp = _epoch_time_s\(\)\n)[ \t]*try:\n([ \t]*coordinator_client\.notify_hosts_updated)/$1$2threading.Thread(target=self._notify_coordinator, daemon=True,\n$2                 args=(coordinator_client, coordinator_slot_info, timestamp, update_res)).start()\n\n    def _notify_coordinator(self, coordinator_client, coordinator_slot_info, timestamp, update_res):\n$2try:\n$3/s' \
+  "$src/horovod/runner/elastic/driver.py"
+[[ $(grep -c '_notify_coordinator' "$src/horovod/runner/elastic/driver.py") == 2 ]] \
+  || { log "could not move the host-change notification out of the driver's lock"; exit 1; }
 # Written only once every edit is verified: `globaldl doctor` reads it on every device, since
 # the compiled library cannot show whether the interface fix went in.
 cat >"$src/horovod/globaldl_patches.py" <<'PY'
 """Source edits applied by globaldl's scripts/build-horovod.sh before this Horovod was built."""
 
-APPLIED = ("drop-xla-mpi-ops", "gloo-process-set-interface", "gloo-rendezvous-join-timeout")
+APPLIED = (
+    "drop-xla-mpi-ops",
+    "gloo-process-set-interface",
+    "gloo-rendezvous-join-timeout",
+    "elastic-notify-outside-lock",
+)
 PY
 
 (

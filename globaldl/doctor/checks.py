@@ -15,8 +15,12 @@ CLOCK_SKEW_WARN_SECONDS = 0.5
 # Below this much headroom over the need, the kernel may start killing at the first big batch.
 MEMORY_HEADROOM = 1.25
 REQUIRED_PATCH = "gloo-process-set-interface"
-# Without it an elastic run notices a vanished device only after the long join timeout.
-ELASTIC_PATCH = "gloo-rendezvous-join-timeout"
+# Without them an elastic run waits long for a vanished device: after the long join timeout,
+# or ~400 s when the device held rank 0.
+ELASTIC_PATCHES = {
+    "gloo-rendezvous-join-timeout": "notices a vanished device only after the join timeout",
+    "elastic-notify-outside-lock": "stalls ~400 s when rank 0's device vanishes",
+}
 VERSION_KEYS = ("python", "tensorflow", "horovod", "globaldl")
 
 
@@ -128,13 +132,15 @@ def _horovod(probe: DeviceProbe) -> Check:
             "Horovod lacks the Gloo interface fix (process sets fall back to the host name); "
             "install the wheel of scripts/build-horovod.sh",
         )
-    if ELASTIC_PATCH not in facts.get("patches", []):
+    missing = [name for name in ELASTIC_PATCHES if name not in facts.get("patches", [])]
+    if missing:
         return Check(
             "horovod",
             Verdict.WARN,
-            "no join",
-            "Horovod lacks the rendezvous join timeout: elastic runs notice a vanished device "
-            "only after the join timeout; install the wheel of scripts/build-horovod.sh",
+            "old build",
+            "Horovod lacks "
+            + "; ".join(f"{name} (an elastic run {ELASTIC_PATCHES[name]})" for name in missing)
+            + "; install the wheel of scripts/build-horovod.sh",
         )
     return Check("horovod", Verdict.OK, "gloo+fix")
 

@@ -1,9 +1,11 @@
 """Chaos trials: a seeded schedule of kills and revives, and what each trial cost, from events.
 
-A trial kills one device (never device 1, whose worker stays rank 0 and writes the summary
-with every membership change it saw) once the ring trains at full size, and revives it once the
-survivors train again. Its measurements come from the runner's fault times and the summary's
-`elastic.events`: nothing is timed by the experiment itself.
+A trial kills one device (never device 1, so the worker that ends as rank 0 and writes the
+summary has been in every ring and saw every membership change) once the ring trains at full
+size, and revives it once the survivors train again. Horovod orders the first ranks as a set
+iterates, so rank 0 may start on another device, and a trial may kill the coordinator. Its
+measurements come from the runner's fault times and the summary's `elastic.events`: nothing is
+timed by the experiment itself.
 """
 
 from __future__ import annotations

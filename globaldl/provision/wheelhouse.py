@@ -37,7 +37,7 @@ from globaldl.provision.requirements import pinned_stack, runtime_closure
 ARCHITECTURES: tuple[str, ...] = ("aarch64", "x86_64")
 HOROVOD_VERSION = "0.28.1"
 # The newest source edit of scripts/build-horovod.sh, as its horovod/globaldl_patches.py names it.
-NEWEST_HOROVOD_PATCH = "gloo-rendezvous-join-timeout"
+NEWEST_HOROVOD_PATCH = "elastic-notify-outside-lock"
 # Bookworm's glibc; every manylinux tag up to it is accepted (pip does not expand the tag).
 NEWEST_GLIBC_MINOR = 36
 # The installer devices use: one static binary, links wheels out of its cache.
@@ -258,7 +258,7 @@ def _reuse_setup_wheel(directory: Path, cache: Path, python_version: str) -> Pat
     tensorflow = runtime_closure().get("tensorflow")
     tag = "cp" + python_version.replace(".", "")
     candidates = sorted(
-        (Path(cache) / f"horovod-{HOROVOD_VERSION}-patched3-tf{tensorflow}-{tag}").glob(
+        (Path(cache) / f"horovod-{HOROVOD_VERSION}-patched4-tf{tensorflow}-{tag}").glob(
             f"horovod-{HOROVOD_VERSION}-{tag}-{tag}-linux_{platform.machine()}.whl"
         )
     )

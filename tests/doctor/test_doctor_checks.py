@@ -31,6 +31,7 @@ def healthy(host: str, **changes: object) -> DeviceProbe:
             "drop-xla-mpi-ops",
             "gloo-process-set-interface",
             "gloo-rendezvous-join-timeout",
+            "elastic-notify-outside-lock",
         ],
     }
     facts.update(changes)
@@ -95,9 +96,11 @@ def test_each_broken_fact_fails_its_check(changes: dict, check: str) -> None:
     assert verdicts([healthy("a", **changes)])["a"][check] is Verdict.FAIL
 
 
-def test_horovod_without_the_join_timeout_edit_only_warns() -> None:
-    patches = ["drop-xla-mpi-ops", "gloo-process-set-interface"]
-    assert verdicts([healthy("a", patches=patches)])["a"]["horovod"] is Verdict.WARN
+def test_horovod_without_the_elastic_edits_only_warns_naming_what_is_missing() -> None:
+    probe = healthy("a", patches=["drop-xla-mpi-ops", "gloo-process-set-interface"])
+    assert verdicts([probe])["a"]["horovod"] is Verdict.WARN
+    text = render(evaluate([probe], NEED))
+    assert "gloo-rendezvous-join-timeout" in text and "elastic-notify-outside-lock" in text
 
 
 def test_clock_skew_and_tight_memory_only_warn() -> None:

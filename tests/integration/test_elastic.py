@@ -136,6 +136,32 @@ def test_elastic_worker_joins_mid_run_and_ends_with_the_same_weights(
     assert result["val_accuracy"] >= 0.90
 
 
+def test_elastic_steps_too_slow_for_the_collective_timeout_loosen_it_once(
+    tmp_path: Path, venv_bin: Path, worker_env: dict[str, str]
+) -> None:
+    # Every batch waits 0.4 s in the input pipeline: 4x the slowest step is at least 2 s,
+    # longer than the 1 s collective timeout the ring starts with.
+    slow = ["--input-delay-ms", "400", "--epochs", "1", "--max-steps-per-epoch", "24"]
+    launch = ElasticLaunch(
+        tmp_path,
+        [*TRAIN[:4], *slow, "--commit-every", "5", "--seed", "0"],
+        {**worker_env, "GLOBALDL_GLOO_COLLECTIVE_TIMEOUT_SECONDS": "1"},
+        ["localhost:2"],
+        np=2,
+        min_np=2,
+        max_np=2,
+    )
+    result = launch.summary()
+    summary_module.validate(result)
+    elastic = result["elastic"]
+    [change] = elastic["collective_timeout_changes"]
+    # After 3 timed steps, at the next commit (step 5 or 10): one re-formation, same members.
+    assert change["step"] in (5, 10) and change["seconds"] >= 2, change
+    assert elastic["gloo_collective_timeout_seconds"] == change["seconds"], elastic
+    assert elastic["sizes"] == [2] and elastic["events"] == [], elastic
+    assert result["weights_identical"], result["weight_digests"]
+
+
 def test_elastic_below_min_np_stops_within_the_elastic_timeout(
     tmp_path: Path, venv_bin: Path, worker_env: dict[str, str]
 ) -> None:
