@@ -56,6 +56,27 @@ def horovod_train(
     return json.loads(summary_path.read_text()), completed
 
 
+def horovod_python(
+    script: Path,
+    args: list[str],
+    env: dict[str, str],
+    *,
+    ranks: int,
+    hosts: str,
+    timeout_seconds: float = LAUNCH_TIMEOUT_SECONDS,
+) -> subprocess.CompletedProcess[str]:
+    """Run `horovodrun -np RANKS -H HOSTS python SCRIPT ARGS` (a probe script); never raises."""
+    return subprocess.run(
+        [str(BIN / "horovodrun"), "-np", str(ranks), "-H", hosts, "--gloo"]
+        + [str(BIN / "python"), str(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_seconds,
+        check=False,
+    )
+
+
 class ElasticLaunch:
     """A running `horovodrun` elastic job whose host-discovery script reads a file we control.
 

@@ -6,11 +6,10 @@ The edit is in scripts/build-horovod.sh; globaldl/elastic_timeouts.py says why.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from horovod_launch import BIN
+from horovod_launch import horovod_python
 
 from globaldl.elastic_timeouts import (
     HOROVOD_TIMEOUT_ENV,
@@ -38,15 +37,10 @@ def test_a_late_peer_joins_under_the_join_timeout_and_a_silent_one_fails_the_col
         HOROVOD_TIMEOUT_ENV: str(COLLECTIVE_SECONDS),
         JOIN_TIMEOUT_ENV: str(JOIN_SECONDS),
     }
-    completed = subprocess.run(
-        [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
-        + [str(BIN / "python"), str(probe), str(tmp_path), str(LATE_SECONDS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    completed = horovod_python(
+        probe, [str(tmp_path), str(LATE_SECONDS)], env, ranks=2, hosts="localhost:2",
+        timeout_seconds=300,
+    )  # fmt: skip
     report_path = tmp_path / "rank-0.json"
     assert report_path.exists(), completed.stdout[-3000:] + completed.stderr[-3000:]
     report = json.loads(report_path.read_text())

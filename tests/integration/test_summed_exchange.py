@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from horovod_launch import BIN, horovod_train
+from horovod_launch import horovod_python, horovod_train
 
 pytestmark = pytest.mark.horovod
 
@@ -44,14 +43,8 @@ def test_site_by_site_sums_and_powersgd_rounds_on_four_ranks_in_two_sites_equal_
     sites = tmp_path / "sites.yaml"
     sites.write_text(SITES)
     probe = Path(__file__).with_name("site_sum_probe.py")
-    completed = subprocess.run(
-        [str(BIN / "horovodrun"), "-np", "4", "-H", TWO_HOSTS, "--gloo"]
-        + [str(BIN / "python"), str(probe), str(sites), str(tmp_path)],
-        env=worker_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    completed = horovod_python(
+        probe, [str(sites), str(tmp_path)], worker_env, ranks=4, hosts=TWO_HOSTS
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
