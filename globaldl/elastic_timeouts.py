@@ -46,6 +46,8 @@ import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
+from globaldl import horovod_edits
+
 HOROVOD_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 JOIN_TIMEOUT_ENV = "GLOBALDL_GLOO_JOIN_TIMEOUT_SECONDS"
 COLLECTIVE_TIMEOUT_ENV = "GLOBALDL_GLOO_COLLECTIVE_TIMEOUT_SECONDS"
@@ -57,8 +59,6 @@ DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 10
 STEP_SAFETY_FACTOR = 4.0
 # Timed steps on a new ring before its collective timeout is checked (its first step traces).
 STEPS_BEFORE_TIMEOUT_CHECK = 3
-# The edit of scripts/build-horovod.sh that gives the rendezvous its own (join) timeout.
-JOIN_TIMEOUT_PATCH = "gloo-rendezvous-join-timeout"
 
 
 def _positive_seconds(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -115,11 +115,7 @@ class GlooTimeouts:
 
 def horovod_splits_the_timeouts() -> bool:
     """Whether this Horovod was built with the rendezvous join-timeout edit."""
-    try:
-        from horovod import globaldl_patches
-    except ImportError:
-        return False
-    return JOIN_TIMEOUT_PATCH in getattr(globaldl_patches, "APPLIED", ())
+    return horovod_edits.JOIN_TIMEOUT in horovod_edits.installed()
 
 
 def use_gloo_timeouts(

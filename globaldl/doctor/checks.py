@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from globaldl import horovod_edits
 from globaldl.doctor.remote import DeviceProbe
 
 # A run is not stopped by a slow clock, but metrics and logs from different devices no longer
@@ -14,12 +15,12 @@ from globaldl.doctor.remote import DeviceProbe
 CLOCK_SKEW_WARN_SECONDS = 0.5
 # Below this much headroom over the need, the kernel may start killing at the first big batch.
 MEMORY_HEADROOM = 1.25
-REQUIRED_PATCH = "gloo-process-set-interface"
+REQUIRED_PATCH = horovod_edits.INTERFACE_FIX
 # Without them an elastic run waits long for a vanished device: after the long join timeout,
 # or ~400 s when the device held rank 0.
 ELASTIC_PATCHES = {
-    "gloo-rendezvous-join-timeout": "notices a vanished device only after the join timeout",
-    "elastic-notify-outside-lock": "stalls ~400 s when rank 0's device vanishes",
+    horovod_edits.JOIN_TIMEOUT: "notices a vanished device only after the join timeout",
+    horovod_edits.NOTIFY_OUTSIDE_LOCK: "stalls ~400 s when rank 0's device vanishes",
 }
 VERSION_KEYS = ("python", "tensorflow", "horovod", "globaldl")
 

@@ -32,12 +32,11 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from globaldl import horovod_edits
 from globaldl.provision.requirements import pinned_stack, runtime_closure
 
 ARCHITECTURES: tuple[str, ...] = ("aarch64", "x86_64")
 HOROVOD_VERSION = "0.28.1"
-# The newest source edit of scripts/build-horovod.sh, as its horovod/globaldl_patches.py names it.
-NEWEST_HOROVOD_PATCH = "elastic-notify-outside-lock"
 # Bookworm's glibc; every manylinux tag up to it is accepted (pip does not expand the tag).
 NEWEST_GLIBC_MINOR = 36
 # The installer devices use: one static binary, links wheels out of its cache.
@@ -241,7 +240,7 @@ def _has_newest_patch(wheel: Path) -> bool:
             patches = archive.read("horovod/globaldl_patches.py").decode()
     except (KeyError, zipfile.BadZipFile):
         return False
-    return NEWEST_HOROVOD_PATCH in patches
+    return horovod_edits.NEWEST in patches
 
 
 def _horovod_wheel(directory: Path) -> Path | None:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from globaldl import horovod_edits
 from globaldl.provision.requirements import pinned_stack
 from globaldl.provision.wheelhouse import (
-    NEWEST_HOROVOD_PATCH,
     _horovod_wheel,
     _write_reproducible_tar,
     platform_name,
@@ -87,7 +87,7 @@ def test_a_wheelhouse_horovod_wheel_without_the_newest_edit_is_removed(tmp_path:
     old = _wheel(tmp_path / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl", ("drop-xla-mpi-ops",))
     assert _horovod_wheel(tmp_path) is None
     assert not old.exists()
-    new = _wheel(old, ("drop-xla-mpi-ops", NEWEST_HOROVOD_PATCH))
+    new = _wheel(old, ("drop-xla-mpi-ops", horovod_edits.NEWEST))
     assert _horovod_wheel(tmp_path) == new and new.exists()
 
 
