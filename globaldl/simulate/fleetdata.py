@@ -20,6 +20,12 @@ and the burst rule is not used: the rule assumes a burst starts with a full peri
 which a device whose step is bound by its quota never has (its step then lasts about one CFS
 period, and the rule overstates its CPU). That CPU includes what Horovod's thread spent during
 the exchange, a small share the simulator's per-message CPU also counts.
+
+The simulator predicts the steady step; a run's first step also waits for the slowest rank to
+trace its graph and for Horovod's first negotiation (on a delayed link, several seconds: a
+12-step run's mean carries a tenth of it). Summaries that record each rank's first step
+(`first_step_phase_seconds`) give the observation their other steps' phases; older ones give
+the mean over every step.
 """
 
 from __future__ import annotations
@@ -112,6 +118,19 @@ def _codec(compression: dict[str, Any]) -> str:
     return f"{prune}{density:g}+{quantize}" if quantize != "none" else f"{prune}{density:g}"
 
 
+def steady_phases(
+    phases: dict[str, float], first_step: dict[str, float] | None, steps: int
+) -> tuple[dict[str, float], int]:
+    """The phases summed over the run's steady steps, and how many: the first step left out.
+
+    Without a recorded first step (older summaries), or with only one step, every step counts.
+    """
+    if not first_step or steps < 2:
+        return dict(phases), steps
+    steady = {name: max(seconds - first_step.get(name, 0.0), 0.0) for name, seconds in phases.items()}
+    return steady, steps - 1
+
+
 def _non_exchange(phases: dict[str, float]) -> float:
     return sum(seconds for name, seconds in phases.items() if name != EXCHANGE_PHASE)
 
@@ -143,9 +162,20 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
     if len(batches) != ranks:
         batches = [int(summary.get("global_batch_size", 0)) // max(ranks, 1)] * ranks
     rank_totals = summary.get("rank_totals") or []
+    per_rank = len(rank_totals) == ranks
+    # Rank 0's entry holds the summary's phase_seconds; its first step, where recorded.
+    phases, steady_steps = steady_phases(
+        phases, rank_totals[0].get("first_step_phase_seconds") if per_rank else None, steps
+    )
     measured_cpu = None
-    if len(rank_totals) == ranks:
-        walls = [_non_exchange(entry["phase_seconds"]) / steps for entry in rank_totals]
+    if per_rank:
+        walls = [
+            _non_exchange(rank_phases) / rank_steps
+            for rank_phases, rank_steps in (
+                steady_phases(entry["phase_seconds"], entry.get("first_step_phase_seconds"), steps)
+                for entry in rank_totals
+            )
+        ]
         measured_cpu = tuple(float(entry["cpu_seconds"]) / steps for entry in rank_totals)
         compute = [
             step_cpu
@@ -156,7 +186,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
             )
         ]
     else:
-        compute = [burst_cpu_seconds(_non_exchange(phases) / steps, shares[0])] * ranks
+        compute = [burst_cpu_seconds(_non_exchange(phases) / steady_steps, shares[0])] * ranks
     batch_share = sum(phases.get(name, 0.0) for name in BATCH_PHASES) / max(
         _non_exchange(phases), 1e-12
     )
@@ -172,13 +202,13 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         combine="sum" if summable else "gather",
         payload_bytes=float(summary["gradient_bytes_wire"]) / steps,
         compute_cpu_seconds=tuple(compute),
-        step_seconds=sum(phases.values()) / steps,
+        step_seconds=sum(phases.values()) / steady_steps,
         steps=steps,
         history=tuple(summary.get("history") or ()),
         codec=_codec(compression),
         batch_sizes=tuple(batches),
-        decompress_seconds=float(phases.get("decompress", 0.0)) / steps,
-        compute_wall_seconds=_non_exchange(phases) / steps,
+        decompress_seconds=float(phases.get("decompress", 0.0)) / steady_steps,
+        compute_wall_seconds=_non_exchange(phases) / steady_steps,
         gradient_bytes_raw_per_step=float(summary.get("gradient_bytes_raw", 0)) / steps,
         measured_cpu_seconds_per_step=measured_cpu,
         per_rank_phases=measured_cpu is not None,

@@ -118,6 +118,25 @@ def test_measured_step_cpu_is_the_devices_work_where_the_summary_records_it():
     assert observation.compute_cpu_seconds == pytest.approx((0.008, 0.015))
 
 
+def test_a_recorded_first_step_is_left_out_of_the_step_the_simulator_must_hit():
+    # Rank 0's first step waited 9.1 s (the others traced, the first negotiation); the other
+    # 999 steps took 90.9 s of the 100 s: 91 ms each, not the mean's 100 ms.
+    first = {"data_load": 0.05, "compute": 0.05, "exchange": 9.0}
+    totals = [
+        {"phase_seconds": {"data_load": 1.0, "compute": 9.0, "exchange": 90.0}}
+        | {"cpu_seconds": 30.0, "first_step_phase_seconds": first},
+        {"phase_seconds": {"compute": 20.0, "exchange": 80.0}, "cpu_seconds": 15.0}
+        | {"first_step_phase_seconds": {"compute": 1.0, "exchange": 0.0}},
+    ]
+    observation = observation_from_run("test", _run(totals))
+    assert observation.step_seconds == pytest.approx(90.9 / 999)
+    assert observation.compute_wall_seconds == pytest.approx(9.9 / 999)
+    # Each rank's compute from its own steady steps: rank 1's 19 s over 999 steps.
+    assert observation.compute_cpu_seconds[1] == pytest.approx(min(19.0 / 999, 0.015))
+    # Without the record (an older summary), the mean over every step, as before.
+    assert observation_from_run("test", _run()).step_seconds == pytest.approx(0.1)
+
+
 def test_rankings_count_pairs_the_simulator_orders_unlike_the_fleet():
     rows = [
         {"experiment": "e", "label": label, "measured_step_seconds": measured}
