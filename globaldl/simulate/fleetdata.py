@@ -26,6 +26,10 @@ trace its graph and for Horovod's first negotiation (on a delayed link, several 
 12-step run's mean carries a tenth of it). Summaries that record each rank's first step
 (`first_step_phase_seconds`) give the observation their other steps' phases; older ones give
 the mean over every step.
+
+The simulator is checked against the fleet as it ran: every device on one machine (its cores,
+less what the link emulation, the launcher and other processes used during the run), and a run
+on sites in its sites (each device on its LAN link, each site behind one shared WAN link).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from globaldl.fleet.profiles import LinkProfile
+from globaldl.fleet.profiles import LinkProfile, load_profiles, resolve_profile
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS
 
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parents[2] / "results" / "experiments"
@@ -76,6 +80,13 @@ class Observation:
     per_rank_phases: bool = False
     batch_cpu_seconds: float = 0.0  # rank 0's batch-bound share of its compute CPU per step
     repeat: int = 1  # the benchmark protocol's repeat of this run (label) in its experiment
+    # The machine every device ran on: its cores less what the links, the launcher and other
+    # processes used on average during the run (None where the run recorded no machine).
+    host_cores: float | None = None
+    # Sites: each rank's site index, and the profile of each device's link to its site's LAN
+    # (`profile` is then every site's shared WAN link). None: every device on its own link.
+    rank_sites: tuple[int, ...] | None = None
+    lan_profile: LinkProfile | None = None
 
     @property
     def key(self) -> str:
@@ -109,6 +120,45 @@ def burst_cpu_seconds(wall_seconds: float, cores: float) -> float:
     return quota + cores * (wall_seconds - quota)
 
 
+def host_cores(run: dict[str, Any]) -> float | None:
+    """Cores the devices of a run had between them: the machine's, less its other load.
+
+    The load record (`load`) holds the CPU seconds of the link emulation, of the launcher
+    (horovodrun, ssh) and of processes outside the fleet over the run; their mean is taken
+    off the machine's cores. None when the run recorded no machine.
+    """
+    cores = (run.get("machine") or {}).get("cores")
+    if not cores:
+        return None
+    load = run.get("load") or {}
+    seconds = float(load.get("seconds") or 0.0)
+    other = sum(
+        float(load.get(name) or 0.0)
+        for name in ("emulation_cpu_seconds", "driver_cpu_seconds", "outside_cpu_seconds")
+    )
+    busy = other / seconds if seconds > 0 else 0.0
+    return max(float(cores) - busy, 0.1 * float(cores))
+
+
+def rank_sites(summary: dict[str, Any], fleet: dict[str, Any]) -> tuple[int, ...] | None:
+    """Each rank's site, for a run on a `--sites SxM` grid; None without sites.
+
+    `fleet up` fills the sites in device order (site 1: devices 1..M); the summary lists the
+    device of every rank (`devices`, names ending in the device number).
+    """
+    grid = str(fleet.get("sites") or "")
+    if not grid:
+        return None
+    count, _, per_site = grid.partition("x")
+    if not (count.isdigit() and per_site.isdigit()):
+        raise ValueError(f"run on sites {grid!r}: only an SxM grid can be simulated")
+    names = summary.get("devices") or []
+    numbers = [int(name.rsplit("-", 1)[-1]) for name in names]
+    if len(numbers) != int(summary.get("ranks") or 0):
+        raise ValueError(f"run on sites {grid!r}: its summary lists no device per rank")
+    return tuple((number - 1) // int(per_site) for number in numbers)
+
+
 def _codec(compression: dict[str, Any]) -> str:
     prune = compression.get("prune", "none")
     quantize = compression.get("quantize", "none")
@@ -127,7 +177,9 @@ def steady_phases(
     """
     if not first_step or steps < 2:
         return dict(phases), steps
-    steady = {name: max(seconds - first_step.get(name, 0.0), 0.0) for name, seconds in phases.items()}
+    steady = {
+        name: max(seconds - first_step.get(name, 0.0), 0.0) for name, seconds in phases.items()
+    }
     return steady, steps - 1
 
 
@@ -151,6 +203,11 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         # The fleet shaped rates only: latency, jitter and loss in the profile never happened.
         profile = profile.rates_only()
     fleet = run.get("spec", {}).get("fleet", {})
+    sites = rank_sites(summary, fleet)
+    lan = None
+    if sites is not None:
+        lan = resolve_profile(str(fleet.get("lan") or "lan"), load_profiles())
+        lan = lan if run.get("latency_emulated", False) else lan.rates_only()
     shares = fleet.get("cpu_cores_each") or [fleet.get("cpu_cores_per_device") or 1.0] * ranks
     shares = [float(share) for share in shares[:ranks]]
     compression = summary.get("compression") or {}
@@ -213,6 +270,9 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         measured_cpu_seconds_per_step=measured_cpu,
         per_rank_phases=measured_cpu is not None,
         batch_cpu_seconds=compute[0] * batch_share,
+        host_cores=host_cores(run),
+        rank_sites=sites,
+        lan_profile=lan,
     )
 
 
@@ -269,7 +329,11 @@ def load_observations(
         if not isinstance(document, dict) or "runs" not in document:
             continue
         experiment = str((document.get("experiment") or {}).get("name") or path.parent.name)
+        machine = document.get("machine") or {}
         for run in document["runs"]:
+            # Runs taken before the runs kept their own machine record share the document's.
+            if not run.get("machine") and machine.get("cores"):
+                run = run | {"machine": machine}
             observation = observation_from_run(experiment, run)
             if observation is not None:
                 everything.append(observation)
