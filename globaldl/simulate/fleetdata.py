@@ -44,6 +44,7 @@ import numpy as np
 
 from globaldl.fleet.profiles import LinkProfile, load_profiles, resolve_profile
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS
+from globaldl.summary import steady_phases
 
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parents[2] / "results" / "experiments"
 EXCHANGE_PHASE = "exchange"
@@ -166,21 +167,6 @@ def _codec(compression: dict[str, Any]) -> str:
         return quantize
     density = compression.get("density")
     return f"{prune}{density:g}+{quantize}" if quantize != "none" else f"{prune}{density:g}"
-
-
-def steady_phases(
-    phases: dict[str, float], first_step: dict[str, float] | None, steps: int
-) -> tuple[dict[str, float], int]:
-    """The phases summed over the run's steady steps, and how many: the first step left out.
-
-    Without a recorded first step (older summaries), or with only one step, every step counts.
-    """
-    if not first_step or steps < 2:
-        return dict(phases), steps
-    steady = {
-        name: max(seconds - first_step.get(name, 0.0), 0.0) for name, seconds in phases.items()
-    }
-    return steady, steps - 1
 
 
 def _non_exchange(phases: dict[str, float]) -> float:
