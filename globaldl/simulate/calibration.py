@@ -122,8 +122,14 @@ def observation_fleet(observation: Observation) -> Fleet:
 
 
 def observation_mode(observation: Observation) -> ExchangeMode:
-    """The exchange a run used."""
-    return ExchangeMode(observation.combine, combine=observation.combine)
+    """The exchange a run used: its collective, hierarchy and local steps."""
+    return ExchangeMode(
+        observation.combine,
+        combine=observation.combine,
+        hierarchy=observation.hierarchy,
+        local_steps=observation.local_steps,
+        overlap=observation.overlap,
+    )
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,11 @@ class Observation:
     # (`profile` is then every site's shared WAN link). None: every device on its own link.
     rank_sites: tuple[int, ...] | None = None
     lan_profile: LinkProfile | None = None
+    # Local steps: one exchange every `local_steps` steps (`--sync-every`), behind the next
+    # round's compute with `overlap`; the hierarchy the exchange used.
+    local_steps: int = 1
+    overlap: bool = False
+    hierarchy: str = "none"
 
     @property
     def key(self) -> str:
@@ -160,6 +165,22 @@ def rank_sites(summary: dict[str, Any], fleet: dict[str, Any]) -> tuple[int, ...
     return tuple((number - 1) // int(per_site) for number in numbers)
 
 
+def local_steps(summary: dict[str, Any]) -> tuple[int, bool]:
+    """(steps per exchange, overlapped) of a run: (1, False) without local steps.
+
+    `--sync-every H` gives H; a wall-clock budget (`2s`) the run's mean steps per round.
+    """
+    rounds = summary.get("rounds") or {}
+    if not rounds:
+        return 1, False
+    every = str(rounds.get("sync_every") or "1")
+    if every.isdigit():
+        steps = int(every)
+    else:
+        steps = round(int(summary.get("steps") or 0) / max(int(rounds.get("rounds") or 1), 1))
+    return max(steps, 1), bool(rounds.get("overlap"))
+
+
 def _codec(compression: dict[str, Any]) -> str:
     prune = compression.get("prune", "none")
     quantize = compression.get("quantize", "none")
@@ -189,6 +210,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         # The fleet shaped rates only: latency, jitter and loss in the profile never happened.
         profile = profile.rates_only()
     fleet = run.get("spec", {}).get("fleet", {})
+    every, overlapped = local_steps(summary)
     sites = rank_sites(summary, fleet)
     lan = None
     if sites is not None:
@@ -243,7 +265,9 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         cpu_cores=tuple(shares),
         cycle_time_seconds=float(run.get("cycle_time_ms") or 1.0) / 1000,
         combine="sum" if summable else "gather",
-        payload_bytes=float(summary["gradient_bytes_wire"]) / steps,
+        # One exchange's payload: the run's bytes over its exchanges (steps, or rounds).
+        payload_bytes=float(summary["gradient_bytes_wire"])
+        / int((summary.get("rounds") or {}).get("rounds") or steps),
         compute_cpu_seconds=tuple(compute),
         step_seconds=sum(phases.values()) / steady_steps,
         steps=steps,
@@ -257,6 +281,9 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         per_rank_phases=measured_cpu is not None,
         batch_cpu_seconds=compute[0] * batch_share,
         host_cores=host_cores(run),
+        local_steps=every,
+        overlap=overlapped,
+        hierarchy=str((summary.get("exchange") or {}).get("hierarchy") or "none"),
         rank_sites=sites,
         lan_profile=lan,
     )

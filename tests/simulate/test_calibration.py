@@ -11,6 +11,7 @@ from globaldl.simulate.calibration import (
     calibrate,
     evaluate,
     observation_fleet,
+    observation_mode,
     ranking_checks,
 )
 from globaldl.simulate.fleetdata import (
@@ -212,3 +213,18 @@ def test_the_cli_fits_on_the_declared_calibration_subset_by_default():
 
     default = inspect.signature(calibrate_command).parameters["fit_on"].default.default
     assert tuple(default.split(",")) == CALIBRATION_EXPERIMENTS
+
+
+def test_a_run_with_local_steps_is_simulated_with_them_and_one_round_payload():
+    run = _run()
+    run["summary"]["rounds"] = {"sync_every": "16", "overlap": True, "rounds": 4}
+    run["summary"]["exchange"] = {"hierarchy": "none"}
+    observation = observation_from_run("test", run)
+    assert (observation.local_steps, observation.overlap) == (16, True)
+    # 1000 bytes over the run's 4 exchanges.
+    assert observation.payload_bytes == pytest.approx(250.0)
+    mode = observation_mode(observation)
+    assert (mode.local_steps, mode.overlap, mode.hierarchy) == (16, True, "none")
+    # A wall-clock budget: the run's mean steps per round (1000 steps in 4 rounds).
+    run["summary"]["rounds"] |= {"sync_every": "2s", "overlap": False}
+    assert observation_from_run("test", run).local_steps == 250
