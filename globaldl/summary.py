@@ -41,6 +41,35 @@ def compression_ratio(raw_bytes: int, wire_bytes: int) -> float | None:
     return raw_bytes / wire_bytes if wire_bytes > 0 else None
 
 
+def steady_phases(
+    phases: dict[str, float], first_step: dict[str, float] | None, steps: int
+) -> tuple[dict[str, float], int]:
+    """Phases summed over a run's steady steps, and how many: the first step left out.
+
+    The first step also waits for the slowest rank to trace its graph and for Horovod's first
+    negotiation. Without its record (`first_step_phase_seconds`, absent from older summaries),
+    or with only one step, every step counts.
+    """
+    if not first_step or steps < 2:
+        return dict(phases), steps
+    steady = {name: seconds - first_step.get(name, 0.0) for name, seconds in phases.items()}
+    return {name: max(seconds, 0.0) for name, seconds in steady.items()}, steps - 1
+
+
+def steady_step_seconds(summary: dict[str, Any]) -> float | None:
+    """Rank 0's mean training step without its first; None where the first is not recorded.
+
+    Epoch ends (validation, the epoch's small collectives) are outside the steps' phases.
+    """
+    totals = summary.get("rank_totals") or []
+    first = totals[0].get("first_step_phase_seconds") if totals else None
+    steps = int(summary.get("steps") or 0)
+    if not first or steps < 2:
+        return None
+    phases, steady = steady_phases(summary["phase_seconds"], first, steps)
+    return sum(phases.values()) / steady
+
+
 def traffic(
     *,
     device_tx_bytes_per_step_model: float,

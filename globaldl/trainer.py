@@ -84,6 +84,11 @@ class RunTotals:
     # of the totals (which traces the graph) counts.
     step_cpu_seconds: float = 0.0
     step_cpu_steps: int = 0
+    # The phases of that first step: it also waits for the slowest rank to trace and for
+    # Horovod's first negotiation, which a short run's mean step would otherwise carry.
+    first_step_phase_seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(PHASES, 0.0)
+    )
 
 
 def _configure_threads(local_size: int) -> None:
@@ -480,6 +485,8 @@ class Trainer:
         observer.observe_step(
             phases, batch_size, raw_bytes, wire_bytes, float(values[LOSS]), skipped=skipped
         )
+        if totals.steps == 0:
+            totals.first_step_phase_seconds = dict(phases)
         totals.steps += 1
         totals.skipped_steps += int(skipped)
         totals.gradient_bytes_raw += raw_bytes
@@ -557,19 +564,25 @@ class Trainer:
         Rank 0's phases alone cannot show unequal ranks (CPU shares, local batches); the CPU
         seconds show what a CPU quota really had to grant: over the run (`cpu_seconds`, with
         start-up, validation and checkpoints) and inside the training steps alone
-        (`step_cpu_seconds` over `step_cpu_steps`, the traced first step left out).
+        (`step_cpu_seconds` over `step_cpu_steps`, the traced first step left out). The first
+        step's own phases (`first_step_phase_seconds`) let a reader take the steady step.
         """
         own = [totals.phase_seconds[name] for name in PHASES]
         own.append(time.process_time() - totals.cpu_started_seconds)
         own += [totals.step_cpu_seconds, float(totals.step_cpu_steps)]
+        own += [totals.first_step_phase_seconds[name] for name in PHASES]
         rows = self.exchange.gather_across_ranks(tf.constant([own], tf.float64), "rank_totals")
         cpu = len(PHASES)
+        first = cpu + 3
         return [
             {
                 "phase_seconds": dict(zip(PHASES, row[:cpu].tolist(), strict=True)),
                 "cpu_seconds": float(row[cpu]),
                 "step_cpu_seconds": float(row[cpu + 1]),
                 "step_cpu_steps": int(row[cpu + 2]),
+                "first_step_phase_seconds": dict(
+                    zip(PHASES, row[first : first + cpu].tolist(), strict=True)
+                ),
             }
             for row in rows.numpy()
         ]

@@ -148,3 +148,20 @@ def test_an_unknown_combine_in_the_exchange_object_is_named() -> None:
     }
     with pytest.raises(SummaryError, match="exchange/combine"):
         summary.validate(broken)
+
+
+def test_the_steady_step_leaves_the_first_step_and_the_epoch_ends_out() -> None:
+    phases = {"compute": 10.0, "exchange": 40.0}
+    first = {"compute": 0.1, "exchange": 9.9}
+    run = {"steps": 11, "phase_seconds": phases}
+    run["rank_totals"] = [{"phase_seconds": phases, "first_step_phase_seconds": first}]
+    # 40 s over the 10 steps after the first.
+    assert summary.steady_step_seconds(run) == pytest.approx(4.0)
+    assert summary.steady_phases(phases, first, 11) == (
+        pytest.approx({"compute": 9.9, "exchange": 30.1}),
+        10,
+    )
+    # Older summaries record no first step: no steady step, every step in the phases.
+    del run["rank_totals"][0]["first_step_phase_seconds"]
+    assert summary.steady_step_seconds(run) is None
+    assert summary.steady_phases(phases, None, 11) == (phases, 11)

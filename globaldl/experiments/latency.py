@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from globaldl import summary as summary_module
 from globaldl.experiments.analysis import (
     NOT_REACHED,
     TargetCheck,
@@ -50,7 +51,14 @@ def device_round_trip_ms(delay_ms: float) -> float:
 
 
 def steady_step_seconds(summary: dict[str, Any]) -> float | None:
-    """Seconds per step of the LAST epoch (its validation included): no tracing, warm TCP."""
+    """Rank 0's mean step without its first (epoch ends left out).
+
+    A summary older than the first step's record gives the LAST epoch's seconds per step (its
+    validation and the epoch's small collectives included): no tracing, warm TCP.
+    """
+    steady = summary_module.steady_step_seconds(summary)
+    if steady is not None:
+        return steady
     history = summary.get("history") or []
     epochs = len(history)
     if not epochs or int(summary.get("steps", 0)) <= 0:
@@ -369,9 +377,12 @@ class LatencyExperiment(Experiment):
                 if bounded
                 else ""
             )
-            + "`steady_step_seconds` is the last epoch's seconds over its steps (its validation "
-            f"included: one per {steps} steps in the bounded runs), free of the first epoch's "
-            "tracing and TCP slow start; `round_trips_per_step` is what the delay added over one "
+            + "`steady_step_seconds` is rank 0's mean training step without its first (which "
+            "also waits for the slowest rank to trace and for Horovod's first negotiation); "
+            "epoch ends (validation, the epoch's two small collectives) are not steps. Runs "
+            "whose summary predates the first step's record give the last epoch's seconds over "
+            f"its steps instead (its validation included: one per {steps} steps in the bounded "
+            "runs). `round_trips_per_step` is what the delay added over one "
             "device-to-device round trip. Expected duration of one repeat on a quiet 2-core "
             "machine: ~45 minutes (18 runs, ~40 s start-up each; a smoke run measured ~16 round "
             "trips per dense step, so the 300 ms runs take ~5 minutes each)."

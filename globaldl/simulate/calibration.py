@@ -5,8 +5,9 @@ shaped rate a ring's TCP flows get), the CPU time of one Gloo message, the CPU t
 background loop burns per cycle, an extra delay per message larger than TCP's initial window
 and, once runs with emulated latency exist, LV08's slow-start latency factor. Everything else
 is measured: rates, latencies, payload bytes, cycle times, each rank's compute phases, CPU
-quotas. The fit is a coordinate descent over a grid per parameter (SimGrid runs once per
-bandwidth factor; the rest only recomposes the steps). The error table compares simulated and
+quotas, the cores of the machine the emulated devices shared, and the run's sites. The fit is
+a coordinate descent over a grid per parameter (SimGrid runs once per bandwidth factor; the
+rest only recomposes the steps). The error table compares simulated and
 measured step times of the held-out runs; the ranking check asks whether the simulator orders
 each held-out experiment's configurations as the fleet did.
 """
@@ -30,7 +31,7 @@ from globaldl.simulate.exchange import (
     simulate_transfers,
 )
 from globaldl.simulate.fleetdata import Observation
-from globaldl.simulate.platform import Device, Fleet
+from globaldl.simulate.platform import Device, Fleet, Site, link_directions
 from globaldl.simulate.steps import StepEstimate, Workload, simulate_steps
 
 # The declared calibration subset, all on 4 devices at half a core: every codec and three cycle
@@ -103,15 +104,32 @@ class SimParameters:
 
 
 def observation_fleet(observation: Observation) -> Fleet:
-    """The fleet a run had: its ranks on its link, each with its CPU share."""
-    return Fleet(
-        tuple(Device(observation.profile, cpu_cores=share) for share in observation.cpu_cores)
+    """The fleet a run had: its ranks on their links, sites and CPU shares, on one machine."""
+    if observation.rank_sites is None or observation.lan_profile is None:
+        devices = tuple(
+            Device(observation.profile, cpu_cores=share) for share in observation.cpu_cores
+        )
+        return Fleet(devices, host_cores=observation.host_cores)
+    up, down = link_directions(observation.profile)
+    sites = tuple(
+        Site(f"site-{index + 1}", up, down) for index in range(max(observation.rank_sites) + 1)
     )
+    devices = tuple(
+        Device(observation.lan_profile, cpu_cores=share, site=site)
+        for share, site in zip(observation.cpu_cores, observation.rank_sites, strict=True)
+    )
+    return Fleet(devices, sites, host_cores=observation.host_cores)
 
 
 def observation_mode(observation: Observation) -> ExchangeMode:
-    """The exchange a run used."""
-    return ExchangeMode(observation.combine, combine=observation.combine)
+    """The exchange a run used: its collective, hierarchy and local steps."""
+    return ExchangeMode(
+        observation.combine,
+        combine=observation.combine,
+        hierarchy=observation.hierarchy,
+        local_steps=observation.local_steps,
+        overlap=observation.overlap,
+    )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,11 @@ burst shorter than the quota runs at full speed (a quarter-core device computes 
 already spent, waits for the next period. A fluid "q cores" model gets both wrong.
 
 `CfsQuota` tracks this per device, vectorised over devices. Work is given in CPU-seconds of the
-reference core (a device's `speed` divides it beforehand). The model remembers the use of the
+reference core (a device's `speed` divides it beforehand). A device runs at one core while it
+runs, or at `rate` cores where devices share a host: the emulated fleet's devices compute in
+step with each other on one machine's cores, so each runs at that machine's cores divided among
+them (a real device has its own core: rate 1). A device whose quota is at least its rate never
+spends it. The model remembers the use of the
 two latest periods a device touched, so work may be handed over slightly out of time order
 (Horovod's loop reserving its cycle just before the training thread's compute catches up);
 the two share the quota by alternating `advance` and `run` calls.
@@ -30,6 +34,7 @@ class CfsQuota:
         cores: np.ndarray,
         period_offset_seconds: np.ndarray | None = None,
         period_seconds: float = CFS_PERIOD_SECONDS,
+        rate: np.ndarray | float = 1.0,
     ) -> None:
         self.cores = np.asarray(cores, dtype=float)
         if np.any(self.cores <= 0):
@@ -37,6 +42,9 @@ class CfsQuota:
         if not period_seconds > 0:
             raise ValueError(f"period_seconds must be > 0, got {period_seconds!r}")
         count = len(self.cores)
+        self.rate = np.array(np.broadcast_to(np.asarray(rate, dtype=float), (count,)))
+        if np.any(~(self.rate > 0)) or np.any(self.rate > 1):
+            raise ValueError(f"rate must be in (0, 1] cores, got {self.rate[:3]}")
         self.period_seconds = float(period_seconds)
         self.offset = (
             np.zeros(count)
@@ -64,8 +72,9 @@ class CfsQuota:
     ) -> np.ndarray:
         """When work of `cpu_seconds` started at `start_seconds` is done, on each device.
 
-        The work runs at full speed (one core) while the period's quota lasts; when the quota
-        is spent it waits for the next period. `devices` selects a subset (default: all).
+        The work runs at the device's rate (one core, or its share of a shared host) while the
+        period's quota lasts; when the quota is spent it waits for the next period. `devices`
+        selects a subset (default: all).
         """
         finish, _ = self.advance(start_seconds, cpu_seconds, np.inf, devices)
         return finish
@@ -91,9 +100,9 @@ class CfsQuota:
             return time_now, np.where(remaining > _EPSILON, remaining, 0.0)
         if np.any(remaining < 0):
             raise ValueError("cpu_seconds must be >= 0")
-        cores, offset = self.cores[index], self.offset[index]
+        cores, offset, rate = self.cores[index], self.offset[index], self.rate[index]
         quota = cores * self.period_seconds
-        unlimited = cores >= 1.0
+        unlimited = cores >= rate
         periods, uses = self.period[:, index].copy(), self.used[:, index].copy()
         columns = np.arange(len(cores))
         while np.any(busy):
@@ -105,9 +114,11 @@ class CfsQuota:
             used = uses[slot, columns]
             period_end = self._period_end(current, offset)
             runnable = np.where(unlimited, remaining, np.maximum(quota - used, 0.0))
-            step = np.minimum(np.minimum(remaining, runnable), period_end - time_now)
-            step = np.where(busy, np.maximum(np.minimum(step, until - time_now), 0.0), 0.0)
-            time_now = time_now + step
+            # CPU-seconds until the work is done, the quota spent, the period or `until` ends.
+            wall_left = np.minimum(period_end, until) - time_now
+            step = np.minimum(np.minimum(remaining, runnable), rate * wall_left)
+            step = np.where(busy, np.maximum(step, 0.0), 0.0)
+            time_now = np.where(busy, np.minimum(time_now + step / rate, period_end), time_now)
             remaining = remaining - step
             uses[slot, columns] = used + step
             busy = (remaining > _EPSILON) & (time_now < until)
@@ -134,5 +145,5 @@ class CfsQuota:
         used = np.where(periods[0] == current, uses[0], 0.0) + np.where(
             periods[1] == current, uses[1], 0.0
         )
-        exhausted = (used >= cores * self.period_seconds - _EPSILON) & (cores < 1.0)
+        exhausted = (used >= cores * self.period_seconds - _EPSILON) & (cores < self.rate[index])
         return np.where(exhausted, self._period_end(current, offset), times)

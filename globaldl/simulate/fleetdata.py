@@ -20,6 +20,16 @@ and the burst rule is not used: the rule assumes a burst starts with a full peri
 which a device whose step is bound by its quota never has (its step then lasts about one CFS
 period, and the rule overstates its CPU). That CPU includes what Horovod's thread spent during
 the exchange, a small share the simulator's per-message CPU also counts.
+
+The simulator predicts the steady step; a run's first step also waits for the slowest rank to
+trace its graph and for Horovod's first negotiation (on a delayed link, several seconds: a
+12-step run's mean carries a tenth of it). Summaries that record each rank's first step
+(`first_step_phase_seconds`) give the observation their other steps' phases; older ones give
+the mean over every step.
+
+The simulator is checked against the fleet as it ran: every device on one machine (its cores,
+less what the link emulation, the launcher and other processes used during the run), and a run
+on sites in its sites (each device on its LAN link, each site behind one shared WAN link).
 """
 
 from __future__ import annotations
@@ -32,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from globaldl.fleet.profiles import LinkProfile
+from globaldl.fleet.profiles import LinkProfile, load_profiles, resolve_profile
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS
+from globaldl.summary import steady_phases
 
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parents[2] / "results" / "experiments"
 EXCHANGE_PHASE = "exchange"
@@ -70,6 +81,18 @@ class Observation:
     per_rank_phases: bool = False
     batch_cpu_seconds: float = 0.0  # rank 0's batch-bound share of its compute CPU per step
     repeat: int = 1  # the benchmark protocol's repeat of this run (label) in its experiment
+    # The machine every device ran on: its cores less what the links, the launcher and other
+    # processes used on average during the run (None where the run recorded no machine).
+    host_cores: float | None = None
+    # Sites: each rank's site index, and the profile of each device's link to its site's LAN
+    # (`profile` is then every site's shared WAN link). None: every device on its own link.
+    rank_sites: tuple[int, ...] | None = None
+    lan_profile: LinkProfile | None = None
+    # Local steps: one exchange every `local_steps` steps (`--sync-every`), behind the next
+    # round's compute with `overlap`; the hierarchy the exchange used.
+    local_steps: int = 1
+    overlap: bool = False
+    hierarchy: str = "none"
 
     @property
     def key(self) -> str:
@@ -103,6 +126,61 @@ def burst_cpu_seconds(wall_seconds: float, cores: float) -> float:
     return quota + cores * (wall_seconds - quota)
 
 
+def host_cores(run: dict[str, Any]) -> float | None:
+    """Cores the devices of a run had between them: the machine's, less its other load.
+
+    The load record (`load`) holds the CPU seconds of the link emulation, of the launcher
+    (horovodrun, ssh) and of processes outside the fleet over the run; their mean is taken
+    off the machine's cores. None when the run recorded no machine.
+    """
+    cores = (run.get("machine") or {}).get("cores")
+    if not cores:
+        return None
+    load = run.get("load") or {}
+    seconds = float(load.get("seconds") or 0.0)
+    other = sum(
+        float(load.get(name) or 0.0)
+        for name in ("emulation_cpu_seconds", "driver_cpu_seconds", "outside_cpu_seconds")
+    )
+    busy = other / seconds if seconds > 0 else 0.0
+    return max(float(cores) - busy, 0.1 * float(cores))
+
+
+def rank_sites(summary: dict[str, Any], fleet: dict[str, Any]) -> tuple[int, ...] | None:
+    """Each rank's site, for a run on a `--sites SxM` grid; None without sites.
+
+    `fleet up` fills the sites in device order (site 1: devices 1..M); the summary lists the
+    device of every rank (`devices`, names ending in the device number).
+    """
+    grid = str(fleet.get("sites") or "")
+    if not grid:
+        return None
+    count, _, per_site = grid.partition("x")
+    if not (count.isdigit() and per_site.isdigit()):
+        raise ValueError(f"run on sites {grid!r}: only an SxM grid can be simulated")
+    names = summary.get("devices") or []
+    numbers = [int(name.rsplit("-", 1)[-1]) for name in names]
+    if len(numbers) != int(summary.get("ranks") or 0):
+        raise ValueError(f"run on sites {grid!r}: its summary lists no device per rank")
+    return tuple((number - 1) // int(per_site) for number in numbers)
+
+
+def local_steps(summary: dict[str, Any]) -> tuple[int, bool]:
+    """(steps per exchange, overlapped) of a run: (1, False) without local steps.
+
+    `--sync-every H` gives H; a wall-clock budget (`2s`) the run's mean steps per round.
+    """
+    rounds = summary.get("rounds") or {}
+    if not rounds:
+        return 1, False
+    every = str(rounds.get("sync_every") or "1")
+    if every.isdigit():
+        steps = int(every)
+    else:
+        steps = round(int(summary.get("steps") or 0) / max(int(rounds.get("rounds") or 1), 1))
+    return max(steps, 1), bool(rounds.get("overlap"))
+
+
 def _codec(compression: dict[str, Any]) -> str:
     prune = compression.get("prune", "none")
     quantize = compression.get("quantize", "none")
@@ -132,6 +210,12 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         # The fleet shaped rates only: latency, jitter and loss in the profile never happened.
         profile = profile.rates_only()
     fleet = run.get("spec", {}).get("fleet", {})
+    every, overlapped = local_steps(summary)
+    sites = rank_sites(summary, fleet)
+    lan = None
+    if sites is not None:
+        lan = resolve_profile(str(fleet.get("lan") or "lan"), load_profiles())
+        lan = lan if run.get("latency_emulated", False) else lan.rates_only()
     shares = fleet.get("cpu_cores_each") or [fleet.get("cpu_cores_per_device") or 1.0] * ranks
     shares = [float(share) for share in shares[:ranks]]
     compression = summary.get("compression") or {}
@@ -143,9 +227,20 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
     if len(batches) != ranks:
         batches = [int(summary.get("global_batch_size", 0)) // max(ranks, 1)] * ranks
     rank_totals = summary.get("rank_totals") or []
+    per_rank = len(rank_totals) == ranks
+    # Rank 0's entry holds the summary's phase_seconds; its first step, where recorded.
+    phases, steady_steps = steady_phases(
+        phases, rank_totals[0].get("first_step_phase_seconds") if per_rank else None, steps
+    )
     measured_cpu = None
-    if len(rank_totals) == ranks:
-        walls = [_non_exchange(entry["phase_seconds"]) / steps for entry in rank_totals]
+    if per_rank:
+        walls = [
+            _non_exchange(rank_phases) / rank_steps
+            for rank_phases, rank_steps in (
+                steady_phases(entry["phase_seconds"], entry.get("first_step_phase_seconds"), steps)
+                for entry in rank_totals
+            )
+        ]
         measured_cpu = tuple(float(entry["cpu_seconds"]) / steps for entry in rank_totals)
         compute = [
             step_cpu
@@ -156,7 +251,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
             )
         ]
     else:
-        compute = [burst_cpu_seconds(_non_exchange(phases) / steps, shares[0])] * ranks
+        compute = [burst_cpu_seconds(_non_exchange(phases) / steady_steps, shares[0])] * ranks
     batch_share = sum(phases.get(name, 0.0) for name in BATCH_PHASES) / max(
         _non_exchange(phases), 1e-12
     )
@@ -170,19 +265,27 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         cpu_cores=tuple(shares),
         cycle_time_seconds=float(run.get("cycle_time_ms") or 1.0) / 1000,
         combine="sum" if summable else "gather",
-        payload_bytes=float(summary["gradient_bytes_wire"]) / steps,
+        # One exchange's payload: the run's bytes over its exchanges (steps, or rounds).
+        payload_bytes=float(summary["gradient_bytes_wire"])
+        / int((summary.get("rounds") or {}).get("rounds") or steps),
         compute_cpu_seconds=tuple(compute),
-        step_seconds=sum(phases.values()) / steps,
+        step_seconds=sum(phases.values()) / steady_steps,
         steps=steps,
         history=tuple(summary.get("history") or ()),
         codec=_codec(compression),
         batch_sizes=tuple(batches),
-        decompress_seconds=float(phases.get("decompress", 0.0)) / steps,
-        compute_wall_seconds=_non_exchange(phases) / steps,
+        decompress_seconds=float(phases.get("decompress", 0.0)) / steady_steps,
+        compute_wall_seconds=_non_exchange(phases) / steady_steps,
         gradient_bytes_raw_per_step=float(summary.get("gradient_bytes_raw", 0)) / steps,
         measured_cpu_seconds_per_step=measured_cpu,
         per_rank_phases=measured_cpu is not None,
         batch_cpu_seconds=compute[0] * batch_share,
+        host_cores=host_cores(run),
+        local_steps=every,
+        overlap=overlapped,
+        hierarchy=str((summary.get("exchange") or {}).get("hierarchy") or "none"),
+        rank_sites=sites,
+        lan_profile=lan,
     )
 
 
@@ -239,7 +342,11 @@ def load_observations(
         if not isinstance(document, dict) or "runs" not in document:
             continue
         experiment = str((document.get("experiment") or {}).get("name") or path.parent.name)
+        machine = document.get("machine") or {}
         for run in document["runs"]:
+            # Runs taken before the runs kept their own machine record share the document's.
+            if not run.get("machine") and machine.get("cores"):
+                run = run | {"machine": machine}
             observation = observation_from_run(experiment, run)
             if observation is not None:
                 everything.append(observation)

@@ -105,10 +105,15 @@ class Fleet:
 
     devices: tuple[Device, ...]
     sites: tuple[Site, ...] = ()
+    # The cores of the one machine every device runs on (the emulated fleet, less what its
+    # links and launcher used); None: every device has a core of its own (real devices).
+    host_cores: float | None = None
 
     def __post_init__(self) -> None:
         if not self.devices:
             raise ValueError("a fleet needs at least one device")
+        if self.host_cores is not None and not self.host_cores > 0:
+            raise ValueError(f"host_cores must be > 0 or None, got {self.host_cores!r}")
         for device in self.devices:
             if not -1 <= device.site < len(self.sites):
                 raise ValueError(f"device site index {device.site} out of range")
@@ -117,6 +122,17 @@ class Fleet:
     def size(self) -> int:
         """Number of devices (Horovod ranks)."""
         return len(self.devices)
+
+    def device_rates(self) -> np.ndarray:
+        """Cores each device computes at while it runs: one, or its share of a shared host.
+
+        The emulated fleet's devices share one machine and compute in step (every round starts
+        when the collective ends), so while they compute each gets the host's cores divided
+        among them; real devices (`host_cores` None) each have a core of their own.
+        """
+        if self.host_cores is None:
+            return np.ones(self.size)
+        return np.full(self.size, min(1.0, self.host_cores / self.size))
 
     def members(self) -> list[list[int]]:
         """Device indices per site, then one single-device group per device without a site."""

@@ -106,6 +106,7 @@ def _simulate(
     cpu = CfsQuota(
         np.array([device.cpu_cores for device in fleet.devices]),
         rng.uniform(0.0, CFS_PERIOD_SECONDS, ranks),
+        rate=fleet.device_rates(),
     )
     speeds = np.array([device.speed for device in fleet.devices])
     work = np.asarray(workload.compute_cpu_seconds, float) / speeds * mode.local_steps

@@ -163,6 +163,7 @@ def simulate_steps(
     cpu = CfsQuota(
         np.array([device.cpu_cores for device in fleet.devices]),
         rng.uniform(0.0, CFS_PERIOD_SECONDS, ranks),
+        rate=fleet.device_rates(),
     )
     work = np.asarray(workload.compute_cpu_seconds, float) / speeds * local_steps
     max_rounds = max(MIN_ROUNDS, math.ceil(max_steps / local_steps))
@@ -175,7 +176,7 @@ def simulate_steps(
     chain = sender_seconds(ranks, network["chain"])
     collective = collective_of(fleet, mode, network)
     loops = _Loops(cpu, np.zeros(ranks), np.full(ranks, -np.inf))
-    quota_bound = bool(np.any(cpu.cores < 1.0))
+    quota_bound = bool(np.any(cpu.cores < cpu.rate))
     min_measured = QUOTA_PERIODS_MEASURED * CFS_PERIOD_SECONDS if quota_bound else 0.0
     compute_end = previous_end = older_end = np.zeros(ranks)
     durations, parts = [], []

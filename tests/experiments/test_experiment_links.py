@@ -9,6 +9,7 @@ from experiment_fakes import device_resources, result, summary
 
 from globaldl.experiments import LatencyExperiment, ScaleExperiment, SitesExperiment
 from globaldl.experiments.latency import latency_bound_from_ms
+from globaldl.experiments.latency import steady_step_seconds as latency_steady_step_seconds
 
 
 def test_latency_plan_sweeps_the_delay_per_access_link_for_three_codecs():
@@ -81,6 +82,18 @@ def test_latency_table_projects_bounded_runs_from_the_zero_delay_run_with_median
     assert checks[-1].met and checks[-1].measured == "2 of 2 codec/schedule groups equal"
     markdown = experiment.extra_markdown(results)
     assert "latency-bound from (ms per link)" in markdown and "| none |" in markdown
+
+
+def test_latency_steady_step_leaves_the_first_step_and_epoch_ends_out_where_recorded():
+    phases = {"compute": 1.0, "exchange": 19.0}
+    recorded = {"steps": 16, "phase_seconds": phases, "history": [{"seconds": 30.0}] * 2}
+    recorded["rank_totals"] = [
+        {"phase_seconds": phases, "first_step_phase_seconds": {"compute": 0.1, "exchange": 4.9}}
+    ]
+    # 15 s over the 15 steps after the first, not the last epoch's 30 s over 8 steps.
+    assert latency_steady_step_seconds(recorded) == pytest.approx(1.0)
+    del recorded["rank_totals"]
+    assert latency_steady_step_seconds(recorded) == pytest.approx(30.0 / 8)
 
 
 def test_latency_trajectory_check_fails_when_a_delay_changed_the_weights(tmp_path: Path):

@@ -49,6 +49,11 @@ def test_two_ranks_train_lenet_on_mnist_to_identical_weights(
     for entry in result["rank_totals"]:
         assert entry["step_cpu_steps"] == result["steps"] - 1
         assert 0 < entry["step_cpu_seconds"] < entry["cpu_seconds"]
+        # The first step's phases, part of the run's: the steady steps are the difference.
+        first = entry["first_step_phase_seconds"]
+        assert first.keys() == entry["phase_seconds"].keys()
+        assert 0 < sum(first.values()) < sum(entry["phase_seconds"].values())
+        assert all(first[name] <= entry["phase_seconds"][name] for name in first)
     # Uncompressed: every gradient went dense in fp32, plus one fp32 NaN/Inf flag per step.
     assert result["gradient_bytes_wire"] == result["gradient_bytes_raw"] + 4 * result["steps"]
     assert "epoch 2/2" in completed.stdout  # the progress line, from rank 0

@@ -10,6 +10,8 @@ from globaldl.simulate.calibration import (
     SimParameters,
     calibrate,
     evaluate,
+    observation_fleet,
+    observation_mode,
     ranking_checks,
 )
 from globaldl.simulate.fleetdata import (
@@ -118,6 +120,66 @@ def test_measured_step_cpu_is_the_devices_work_where_the_summary_records_it():
     assert observation.compute_cpu_seconds == pytest.approx((0.008, 0.015))
 
 
+def test_a_recorded_first_step_is_left_out_of_the_step_the_simulator_must_hit():
+    # Rank 0's first step waited 9.1 s (the others traced, the first negotiation); the other
+    # 999 steps took 90.9 s of the 100 s: 91 ms each, not the mean's 100 ms.
+    first = {"data_load": 0.05, "compute": 0.05, "exchange": 9.0}
+    totals = [
+        {"phase_seconds": {"data_load": 1.0, "compute": 9.0, "exchange": 90.0}}
+        | {"cpu_seconds": 30.0, "first_step_phase_seconds": first},
+        {"phase_seconds": {"compute": 20.0, "exchange": 80.0}, "cpu_seconds": 15.0}
+        | {"first_step_phase_seconds": {"compute": 1.0, "exchange": 0.0}},
+    ]
+    observation = observation_from_run("test", _run(totals))
+    assert observation.step_seconds == pytest.approx(90.9 / 999)
+    assert observation.compute_wall_seconds == pytest.approx(9.9 / 999)
+    # Each rank's compute from its own steady steps: rank 1's 19 s over 999 steps.
+    assert observation.compute_cpu_seconds[1] == pytest.approx(min(19.0 / 999, 0.015))
+    # Without the record (an older summary), the mean over every step, as before.
+    assert observation_from_run("test", _run()).step_seconds == pytest.approx(0.1)
+
+
+def test_the_devices_share_the_machine_less_what_its_links_and_launcher_used():
+    run = _run() | {"machine": {"cores": 2}}
+    run["load"] = {"seconds": 100.0, "emulation_cpu_seconds": 20.0, "driver_cpu_seconds": 5.0}
+    run["load"] |= {"outside_cpu_seconds": 5.0}
+    observation = observation_from_run("test", run)
+    assert observation.host_cores == pytest.approx(1.7)
+    fleet = observation_fleet(observation)
+    # Two devices computing together on 1.7 cores: 0.85 core each while they run.
+    np.testing.assert_allclose(fleet.device_rates(), [0.85, 0.85])
+    eight = observation_fleet(
+        observation_from_run("test", _sixteen_on_sites() | {"machine": {"cores": 2}})
+    )
+    np.testing.assert_allclose(eight.device_rates(), [2 / 16] * 16)
+    # No machine recorded (the oldest runs): every device has a core of its own.
+    assert observation_fleet(observation_from_run("test", _run())).host_cores is None
+
+
+def _sixteen_on_sites(sites="4x4"):
+    run = _run()
+    run["summary"] |= {"ranks": 16, "rank_batch_sizes": [16] * 16}
+    # Ranks in another order than the devices: rank 1 runs on device 5 (site 2).
+    order = [1, 5, *range(2, 5), *range(6, 17)]
+    run["summary"]["devices"] = [f"gdlx-{number}" for number in order]
+    run["spec"] = {"label": "x", "fleet": {"cpu_cores_per_device": 0.125, "sites": sites}}
+    run["spec"]["fleet"]["lan"] = "lan"
+    return run
+
+
+def test_a_run_on_sites_is_simulated_on_its_sites_behind_one_shared_wan_link_each():
+    observation = observation_from_run("test", _sixteen_on_sites())
+    assert observation.rank_sites[:3] == (0, 1, 0)
+    assert observation.rank_sites.count(3) == 4
+    fleet = observation_fleet(observation)
+    assert len(fleet.sites) == 4 and [len(group) for group in fleet.members()] == [4] * 4
+    # Each device's own link is the LAN's; the WAN (the run's link) is the site's.
+    assert fleet.devices[0].profile.name == "lan"
+    assert fleet.sites[0].wan_up.kbit_per_second == 5000
+    with pytest.raises(ValueError, match="grid"):
+        observation_from_run("test", _sixteen_on_sites("sites.yaml"))
+
+
 def test_rankings_count_pairs_the_simulator_orders_unlike_the_fleet():
     rows = [
         {"experiment": "e", "label": label, "measured_step_seconds": measured}
@@ -151,3 +213,18 @@ def test_the_cli_fits_on_the_declared_calibration_subset_by_default():
 
     default = inspect.signature(calibrate_command).parameters["fit_on"].default.default
     assert tuple(default.split(",")) == CALIBRATION_EXPERIMENTS
+
+
+def test_a_run_with_local_steps_is_simulated_with_them_and_one_round_payload():
+    run = _run()
+    run["summary"]["rounds"] = {"sync_every": "16", "overlap": True, "rounds": 4}
+    run["summary"]["exchange"] = {"hierarchy": "none"}
+    observation = observation_from_run("test", run)
+    assert (observation.local_steps, observation.overlap) == (16, True)
+    # 1000 bytes over the run's 4 exchanges.
+    assert observation.payload_bytes == pytest.approx(250.0)
+    mode = observation_mode(observation)
+    assert (mode.local_steps, mode.overlap, mode.hierarchy) == (16, True, "none")
+    # A wall-clock budget: the run's mean steps per round (1000 steps in 4 rounds).
+    run["summary"]["rounds"] |= {"sync_every": "2s", "overlap": False}
+    assert observation_from_run("test", run).local_steps == 250

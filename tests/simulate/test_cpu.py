@@ -30,6 +30,18 @@ def test_a_whole_core_or_more_is_never_throttled():
     np.testing.assert_allclose(devices.run(np.zeros(2), np.array([0.5, 0.5])), [0.5, 0.5])
 
 
+def test_devices_sharing_a_host_run_at_their_share_and_still_meet_their_quota():
+    # Half a core of quota, a quarter core of a shared host: never throttled, 4x slower.
+    shared = CfsQuota(np.array([0.5]), rate=0.25)
+    assert shared.run(np.zeros(1), np.array([0.010]))[0] == pytest.approx(0.040)
+    # A quarter core of quota at half a core: 25 ms of CPU take 50 ms, then the period ends
+    # (at 100 ms); the other 15 ms of CPU take 30 ms more.
+    throttled = CfsQuota(np.array([0.25]), rate=0.5)
+    assert throttled.run(np.zeros(1), np.array([0.040]))[0] == pytest.approx(0.130)
+    with pytest.raises(ValueError, match="rate"):
+        CfsQuota(np.array([0.25]), rate=1.5)
+
+
 def test_advance_stops_at_the_limit_and_shares_the_quota_with_other_work():
     quarter_core = CfsQuota(np.array([0.25]))
     stopped, left = quarter_core.advance(np.zeros(1), np.array([0.1]), 0.15)
