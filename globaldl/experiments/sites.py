@@ -112,8 +112,9 @@ class SitesExperiment(Experiment):
             f"batch 16, {1 if self.quick else EPOCHS} epochs, "
             f"{self.workload.learning_rate_text()}. `hierarchy` is what the run "
             "summary reports about the exchange (`none` when the trainer does not read site "
-            "maps). Expected duration of the full plan on a quiet 2-core machine: ~25 minutes "
-            "per repeat (120 steps of 4-6 s per layout, and start-up)."
+            "maps). Expected duration of the full plan on a quiet 2-core machine: ~35 minutes "
+            "per repeat (measured 2026-11-27: 13-14 min in sites, 20-21 min flat, start-up "
+            "included)."
         )
 
     def get_config(self) -> dict[str, Any]:
