@@ -12,10 +12,10 @@ reference core (a device's `speed` divides it beforehand). A device runs at one 
 runs, or at `rate` cores where devices share a host: the emulated fleet's devices compute in
 step with each other on one machine's cores, so each runs at that machine's cores divided among
 them (a real device has its own core: rate 1). A device whose quota is at least its rate never
-spends it. The model remembers the use of the
-two latest periods a device touched, so work may be handed over slightly out of time order
-(Horovod's loop reserving its cycle just before the training thread's compute catches up);
-the two share the quota by alternating `advance` and `run` calls.
+spends it. The model remembers the use of the two latest periods a device touched, so work
+may be handed over slightly out of time order (Horovod's loop reserving its cycle just before
+the training thread's compute catches up); the two share the quota by alternating `advance`
+and `run` calls.
 """
 
 from __future__ import annotations

@@ -143,6 +143,7 @@ def host_cores(run: dict[str, Any]) -> float | None:
         for name in ("emulation_cpu_seconds", "driver_cpu_seconds", "outside_cpu_seconds")
     )
     busy = other / seconds if seconds > 0 else 0.0
+    # A tenth of the machine at least: a load record cannot leave the devices nothing.
     return max(float(cores) - busy, 0.1 * float(cores))
 
 
