@@ -45,6 +45,8 @@ class CfsQuota:
         self.rate = np.array(np.broadcast_to(np.asarray(rate, dtype=float), (count,)))
         if np.any(~(self.rate > 0)) or np.any(self.rate > 1):
             raise ValueError(f"rate must be in (0, 1] cores, got {self.rate[:3]}")
+        # A quota below the rate can be spent within a period; at or above it, never.
+        self.binding = self.cores < self.rate
         self.period_seconds = float(period_seconds)
         self.offset = (
             np.zeros(count)
@@ -102,7 +104,7 @@ class CfsQuota:
             raise ValueError("cpu_seconds must be >= 0")
         cores, offset, rate = self.cores[index], self.offset[index], self.rate[index]
         quota = cores * self.period_seconds
-        unlimited = cores >= rate
+        unlimited = ~self.binding[index]
         periods, uses = self.period[:, index].copy(), self.used[:, index].copy()
         columns = np.arange(len(cores))
         while np.any(busy):
@@ -145,5 +147,5 @@ class CfsQuota:
         used = np.where(periods[0] == current, uses[0], 0.0) + np.where(
             periods[1] == current, uses[1], 0.0
         )
-        exhausted = (used >= cores * self.period_seconds - _EPSILON) & (cores < self.rate[index])
+        exhausted = (used >= cores * self.period_seconds - _EPSILON) & self.binding[index]
         return np.where(exhausted, self._period_end(current, offset), times)

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from globaldl.fleet.profiles import LinkProfile, load_profiles, resolve_profile
+from globaldl.fleet.profiles import LinkProfile, load_profiles
+from globaldl.fleet.sites import DEFAULT_LAN_PROFILE, parse_sites
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS
 from globaldl.summary import steady_phases
 
@@ -147,11 +148,15 @@ def host_cores(run: dict[str, Any]) -> float | None:
     return max(float(cores) - busy, 0.1 * float(cores))
 
 
-def rank_sites(summary: dict[str, Any], fleet: dict[str, Any]) -> tuple[int, ...] | None:
-    """Each rank's site, for a run on a `--sites SxM` grid; None without sites.
+def run_sites(
+    summary: dict[str, Any], fleet: dict[str, Any], wan: LinkProfile
+) -> tuple[tuple[int, ...], LinkProfile] | None:
+    """Each rank's site and the sites' LAN profile, for a run on a `--sites SxM` grid.
 
-    `fleet up` fills the sites in device order (site 1: devices 1..M); the summary lists the
-    device of every rank (`devices`, names ending in the device number).
+    None without sites. `wan` is the run's recorded link (every site's shared one). The layouts
+    are `fleet up`'s own (`parse_sites`), whose devices fill the sites in order (site 1:
+    devices 1..M); the summary lists the device of every rank (`devices`, names ending in the
+    device number).
     """
     grid = str(fleet.get("sites") or "")
     if not grid:
@@ -159,11 +164,14 @@ def rank_sites(summary: dict[str, Any], fleet: dict[str, Any]) -> tuple[int, ...
     count, _, per_site = grid.partition("x")
     if not (count.isdigit() and per_site.isdigit()):
         raise ValueError(f"run on sites {grid!r}: only an SxM grid can be simulated")
+    profiles = load_profiles() | {wan.name: wan}
+    layouts = parse_sites(grid, profiles, fleet.get("lan") or DEFAULT_LAN_PROFILE, wan.name)
+    site_of_device = [index for index, layout in enumerate(layouts) for _ in range(layout.devices)]
     names = summary.get("devices") or []
-    numbers = [int(name.rsplit("-", 1)[-1]) for name in names]
-    if len(numbers) != int(summary.get("ranks") or 0):
+    if len(names) != int(summary.get("ranks") or 0):
         raise ValueError(f"run on sites {grid!r}: its summary lists no device per rank")
-    return tuple((number - 1) // int(per_site) for number in numbers)
+    ranks = tuple(site_of_device[int(name.rsplit("-", 1)[-1]) - 1] for name in names)
+    return ranks, layouts[0].lan
 
 
 def local_steps(summary: dict[str, Any]) -> tuple[int, bool]:
@@ -212,11 +220,9 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         profile = profile.rates_only()
     fleet = run.get("spec", {}).get("fleet", {})
     every, overlapped = local_steps(summary)
-    sites = rank_sites(summary, fleet)
-    lan = None
-    if sites is not None:
-        lan = resolve_profile(str(fleet.get("lan") or "lan"), load_profiles())
-        lan = lan if run.get("latency_emulated", False) else lan.rates_only()
+    sites, lan = run_sites(summary, fleet, profile) or (None, None)
+    if lan is not None and not run.get("latency_emulated", False):
+        lan = lan.rates_only()
     shares = fleet.get("cpu_cores_each") or [fleet.get("cpu_cores_per_device") or 1.0] * ranks
     shares = [float(share) for share in shares[:ranks]]
     compression = summary.get("compression") or {}

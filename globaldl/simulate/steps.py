@@ -176,7 +176,7 @@ def simulate_steps(
     chain = sender_seconds(ranks, network["chain"])
     collective = collective_of(fleet, mode, network)
     loops = _Loops(cpu, np.zeros(ranks), np.full(ranks, -np.inf))
-    quota_bound = bool(np.any(cpu.cores < cpu.rate))
+    quota_bound = bool(np.any(cpu.binding))
     min_measured = QUOTA_PERIODS_MEASURED * CFS_PERIOD_SECONDS if quota_bound else 0.0
     compute_end = previous_end = older_end = np.zeros(ranks)
     durations, parts = [], []
