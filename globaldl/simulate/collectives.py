@@ -3,7 +3,9 @@
 `chain_cycle` times one coordination allreduce of Horovod's response-cache word (a chain of
 single messages, see `exchange`) as a max-plus recurrence solved with cumulative maxima, O(N);
 `ring_finish` composes a ring's hops from each message's transfer, latency and jitter, O(N)
-per hop. A `Collective` is the ring stages of an exchange mode plus a broadcast inside sites.
+per hop. Both follow Gloo's rendezvous: a message leaves only once its receiver's "ready to
+receive" has come back to the sender. A `Collective` is the ring stages of an exchange mode
+plus a broadcast inside sites.
 """
 
 from __future__ import annotations
@@ -21,29 +23,42 @@ JITTER_BLOCK_VALUES = 2_000_000
 
 
 def chain_cycle(
-    entry_seconds: np.ndarray, hop_seconds: np.ndarray, message_cpu_seconds: np.ndarray
+    entry_seconds: np.ndarray,
+    hop_seconds: np.ndarray,
+    message_cpu_seconds: np.ndarray,
+    notify_seconds: np.ndarray,
 ) -> tuple[np.ndarray, float]:
     """One coordination allreduce of a word: when each rank is done, and the longest wait.
 
     `entry_seconds[p]` is when rank p enters; `hop_seconds[p]` is its message to rank p-1
-    (rank 0's goes to rank N-1). Reduce-scatter: x[N-1] = e[N-1] + c, and
-    x[p] = max(x[p+1] + h[p+1], e[p]) + c down to rank 0; allgather: y[N-1] =
-    max(x[0] + h[0], x[N-1]) + c, then y[p] = max(y[p+1] + h[p+1], x[p]) + c down to rank 1.
-    Each recurrence x[p] = max(x[p+1] + a[p], b[p]) is solved with a reversed cumulative max.
+    (rank 0's goes to rank N-1), and `notify_seconds[p]` how long rank p's "ready to receive"
+    takes to reach the rank it receives from. A message leaves at max(sent, posted + n) for
+    the receiver's posted receive. Reduce-scatter (receives posted on entry): x[N-1] = e[N-1] +
+    c, and x[p] = max(x[p+1], e[p] + n[p]) + h[p+1] + c down to rank 0; allgather (posted when
+    the rank's scatter is done): y[N-1] = max(max(x[0], x[N-1] + n[N-1]) + h[0], x[N-1]) + c,
+    then y[p] = max(y[p+1], x[p] + n[p]) + h[p+1] + c down to rank 1. Each recurrence
+    x[p] = max(x[p+1] + a[p], b[p]) is solved with a reversed cumulative max.
     """
     ranks = len(entry_seconds)
     cpu = np.broadcast_to(message_cpu_seconds, (ranks,))
     if ranks < 2:
         return entry_seconds.copy(), 0.0
     step = hop_seconds[1:] + cpu[:-1]  # a[p] for p = 0..N-2: message p+1 -> p, then p's CPU
-    scatter = _chain(entry_seconds + cpu, step)
-    scatter_wait = np.maximum(scatter[1:] + hop_seconds[1:] - entry_seconds[:-1], 0.0)
-    last_start = max(scatter[0] + hop_seconds[0], scatter[-1]) + cpu[-1]
+    posted = entry_seconds + notify_seconds  # when each receive is known upstream
+    scatter_base = entry_seconds + cpu
+    scatter_base[:-1] = np.maximum(scatter_base[:-1], posted[:-1] + step)
+    scatter = _chain(scatter_base, step)
+    scatter_arrival = np.maximum(scatter[1:], posted[:-1]) + hop_seconds[1:]
+    scatter_wait = np.maximum(scatter_arrival - entry_seconds[:-1], 0.0)
+    last_arrival = max(scatter[0], scatter[-1] + notify_seconds[-1]) + hop_seconds[0]
+    last_start = max(last_arrival, scatter[-1]) + cpu[-1]
     gather_base = (scatter + cpu)[1:].copy()
+    gather_base[:-1] = np.maximum(gather_base[:-1], (scatter + notify_seconds)[1:-1] + step[1:])
     gather_base[-1] = last_start
     gather = _chain(gather_base, step[1:])
-    gather_wait = np.maximum(gather[1:] + hop_seconds[2:] - scatter[1:-1], 0.0)
-    last_wait = max(scatter[0] + hop_seconds[0] - scatter[-1], 0.0)
+    gather_arrival = np.maximum(gather[1:], (scatter + notify_seconds)[1:-1]) + hop_seconds[2:]
+    gather_wait = np.maximum(gather_arrival - scatter[1:-1], 0.0)
+    last_wait = max(last_arrival - scatter[-1], 0.0)
     done = np.empty(ranks)
     done[0] = scatter[0] + cpu[0]
     done[1:] = gather
@@ -69,15 +84,25 @@ class RingStage:
     incoming_latency_seconds: np.ndarray
     incoming_jitter_seconds: np.ndarray
     hops: np.ndarray  # per rank; 0 for ranks outside this stage
+    notify_seconds: np.ndarray  # per rank: its "ready to receive" on the way to its upstream
 
     @classmethod
     def of(cls, ranks: int, hops: Hops, upstream: np.ndarray, hop_count: np.ndarray) -> RingStage:
         """The stage in which rank p receives the message `upstream[p]` sends in `hops`."""
         transfer, latency, jitter = np.zeros(ranks), np.zeros(ranks), np.zeros(ranks)
+        notify = np.zeros(ranks)
         transfer[hops.phase.sources] = hops.transfer_seconds
         latency[hops.phase.sources] = hops.latency_seconds
         jitter[hops.phase.sources] = hops.jitter_seconds
-        return cls(upstream, transfer[upstream], latency[upstream], jitter[upstream], hop_count)
+        notify[hops.phase.sources] = hops.notify_seconds
+        return cls(
+            upstream,
+            transfer[upstream],
+            latency[upstream],
+            jitter[upstream],
+            hop_count,
+            notify[upstream],
+        )
 
 
 def ring_finish(
@@ -91,7 +116,8 @@ def ring_finish(
     Rank p's hop k needs its own hop k-1 done and hop k-1 of its upstream neighbour arrived:
     f[p, k] = max(f[p, k-1], arrival[p, k-1]) + cpu[p]. Messages between two ranks share one
     TCP connection: the upstream rank pushes a message's bytes only after the previous
-    message's (transfer), and each message then takes its latency (and jitter) to arrive.
+    message's (transfer) and once rank p's "ready to receive", sent when p starts the hop, has
+    come back (Gloo's rendezvous); each message then takes its latency (and jitter) to arrive.
     """
     finish = np.array(start_seconds, dtype=float, copy=True)
     ranks, most = len(finish), int(stage.hops.max(initial=0))
@@ -116,6 +142,7 @@ def ring_finish(
         else:
             np.take(finish, stage.upstream, out=upstream_finish)
         np.maximum(upstream_finish, pushed, out=pushed)
+        np.maximum(finish + stage.notify_seconds, pushed, out=pushed)
         pushed += stage.incoming_transfer_seconds
         np.add(pushed, delays[hop % block], out=arrival)
         np.subtract(arrival, finish, out=wait)
@@ -136,6 +163,13 @@ def sender_seconds(ranks: int, hops: Hops) -> tuple[np.ndarray, np.ndarray]:
     seconds[hops.phase.sources] = hops.seconds
     jitter[hops.phase.sources] = hops.jitter_seconds
     return seconds, jitter
+
+
+def receiver_notify_seconds(ranks: int, hops: Hops) -> np.ndarray:
+    """Per rank: how long its "ready to receive" takes to reach the rank it receives from."""
+    notify = np.zeros(ranks)
+    notify[hops.phase.targets] = hops.notify_seconds
+    return notify
 
 
 @dataclass(frozen=True)

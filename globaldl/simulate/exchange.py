@@ -16,6 +16,13 @@ Horovod's `gloo_controller.cc`, `response_cache.cc`); rank r sends to rank r-1:
   per site across the WAN, broadcast inside each site (a binomial tree).
 - local steps: one exchange every H steps; with overlap it runs behind the next round.
 
+Gloo's TCP transport is a rendezvous (`transport/tcp/pair.cc`): a send leaves only once the
+receiver's "ready to receive" notification has reached the sender (`Pair::send` queues it until
+`handleRemotePendingRecv`). Ring hops post their receive when the hop starts, so each costs
+the notification's way back and the message's way there: two one-way latencies, not one. The
+coordination chain's receivers post theirs on entry, long before the word comes by, so only a
+message to a rank that entered late waits for its notification.
+
 SimGrid gives each message's transfer time on the platform (one engine, latency factor 1:
 every message pays its route's latency once); a message larger than TCP's initial window also
 pays slow start, `(latency_factor - 1) x route latency` (LV08's latency factor, fitted on runs
@@ -164,6 +171,7 @@ class Hops:
     transfer_seconds: np.ndarray  # pushing the bytes through the links (SimGrid)
     latency_seconds: np.ndarray  # route latency, slow start, per-message overhead
     jitter_seconds: np.ndarray  # +- amplitude of each message's extra delay
+    notify_seconds: np.ndarray  # the receiver's "ready to receive" back to the sender
 
     @property
     def seconds(self) -> np.ndarray:
@@ -179,6 +187,7 @@ class Transfers:
     simulated_seconds: np.ndarray
     route_latency_seconds: np.ndarray
     jitter_seconds: np.ndarray
+    return_latency_seconds: np.ndarray  # the route back, receiver to sender
 
     def hops(self, parameters: ExchangeParameters) -> Hops:
         """The messages' times with slow start and per-message overhead of `parameters`."""
@@ -191,6 +200,7 @@ class Transfers:
             transfer_seconds=self.simulated_seconds - latency,
             latency_seconds=latency + startup,
             jitter_seconds=self.jitter_seconds,
+            notify_seconds=self.return_latency_seconds,
         )
 
 
@@ -220,11 +230,13 @@ def simulate_transfers(plans: Sequence[NetworkPlan], tcp: TcpModel) -> list[dict
         plan = plans[index]
         phase = plan.phases[name]
         up_jitter, down_jitter = jitter[id(plan.fleet)]
+        platform = platforms[id(plan.fleet)]
         results[index][name] = Transfers(
             phase,
             simulated,
-            route_latency_seconds(platforms[id(plan.fleet)], phase.sources, phase.targets),
+            route_latency_seconds(platform, phase.sources, phase.targets),
             up_jitter[phase.sources] + down_jitter[phase.targets],
+            route_latency_seconds(platform, phase.targets, phase.sources),
         )
     return results
 

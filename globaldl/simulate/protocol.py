@@ -8,8 +8,9 @@ collective's ring, hop by hop, each hop waiting for the neighbour's message. Com
 training actor of its own), Gloo's per-message CPU and the loop's per-cycle CPU run through
 each device's CFS quota. Every pair of ranks talks over one connection, as Gloo's pairs do: a
 connection actor pushes each message's bytes through SimGrid (the platform's rates and shared
-links) after the previous message's, and the message then arrives after its route's latency,
-slow start, per-message overhead and jitter. Covers flat rings (allreduce and allgather),
+links) after the previous message's and once the receiver's "ready to receive" has come back
+over the return route (Gloo's rendezvous), and the message then arrives after its route's
+latency, slow start, per-message overhead and jitter. Covers flat rings (allreduce and allgather),
 local steps and overlap; the hierarchical exchange is composed of the same rings.
 """
 
@@ -119,6 +120,8 @@ def _simulate(
     senders = np.arange(ranks)
     neighbour = (senders - 1) % ranks  # every rank sends to rank - 1 (rank 0 to rank N-1)
     latency = route_latency_seconds(platform, senders, neighbour)
+    # Rank p receives from rank p+1: its "ready to receive" travels the route p -> p+1.
+    notify = route_latency_seconds(platform, senders, (senders + 1) % ranks)
     bulk_latency = latency
     if message_bytes > INITIAL_WINDOW_BYTES:
         bulk_latency = latency + parameters.slow_start_seconds(latency)
@@ -126,9 +129,11 @@ def _simulate(
     jitter = up_jitter + down_jitter[neighbour]
     outgoing = [(collections.deque(), simgrid.Semaphore(0)) for _ in range(ranks)]
     inboxes: dict[tuple[str, int], Any] = {}
+    readies: dict[tuple[str, int], Any] = {}
     for kind in ("chain", "ring"):
         for rank in range(ranks):
             inboxes[kind, rank] = (collections.deque(), simgrid.Semaphore(0))
+            readies[kind, rank] = (collections.deque(), simgrid.Semaphore(0))
     ends = np.zeros((ranks, rounds))
     starts = np.zeros((ranks, rounds))
     cycles = np.zeros(rounds)
@@ -142,12 +147,18 @@ def _simulate(
         simgrid.this_actor.sleep_until(finish)
 
     def connection(rank: int) -> None:
-        """Rank's connection to rank - 1: bytes of one message after another, then latency."""
+        """Rank's connection to rank - 1: one message at a time, each once rank - 1 is ready.
+
+        The bytes go through SimGrid, then the message takes its latency to arrive.
+        """
         queue, queued = outgoing[rank]
         target = int(neighbour[rank])
         while True:
             queued.acquire()
             kind, size, value, delay = queue.popleft()
+            known, ready = readies[kind, target]
+            ready.acquire()
+            simgrid.this_actor.sleep_until(max(now(), known.popleft()))
             simgrid.Comm.sendto(hosts[rank], hosts[target], size)
             arrival = now() + max(delay + rng.uniform(-jitter[rank], jitter[rank]), 0.0)
             inbox, arrived = inboxes[kind, target]
@@ -159,6 +170,12 @@ def _simulate(
         queue, queued = outgoing[rank]
         queue.append((kind, size, value, delay))
         queued.release()
+
+    def post(kind: str, rank: int) -> None:
+        """Post a receive: rank's sender learns of it one return latency later."""
+        known, ready = readies[kind, rank]
+        known.append(now() + float(notify[rank]))
+        ready.release()
 
     def receive(kind: str, rank: int, what: str) -> Any:
         started = now()
@@ -176,10 +193,12 @@ def _simulate(
         small = COORDINATION_MESSAGE_BYTES
         if rank < ranks - 1:
             # Receive first: the rank's own bit must not short-circuit the message away.
+            post("chain", rank)
             upstream = receive("chain", rank, "coordination chain")
             value = bool(upstream) and value
         if rank > 0:
             send("chain", rank, small, value, float(latency[rank]))
+            post("chain", rank)
             value = receive("chain", rank, "coordination chain")
             if rank >= 2:
                 send("chain", rank, small, value, float(latency[rank]))
@@ -189,6 +208,7 @@ def _simulate(
 
     def collective(rank: int) -> None:
         for _ in range(hops):
+            post("ring", rank)
             send("ring", rank, message_bytes, None, float(bulk_latency[rank]))
             receive("ring", rank, "collective")
 

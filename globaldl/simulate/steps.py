@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from globaldl.simulate.collectives import chain_cycle, chain_sends, collective_of, sender_seconds
+from globaldl.simulate.collectives import (
+    chain_cycle,
+    chain_sends,
+    collective_of,
+    receiver_notify_seconds,
+    sender_seconds,
+)
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS, CfsQuota
 from globaldl.simulate.exchange import (
     ExchangeMode,
@@ -114,7 +120,7 @@ def _coordinate(
     compute_start: np.ndarray,
     work: np.ndarray,
     cycle_seconds: float,
-    chain: tuple[np.ndarray, np.ndarray],
+    chain: tuple[np.ndarray, np.ndarray, np.ndarray],
     cpu_per_cycle: np.ndarray,
     message_cpu: np.ndarray,
     rng: np.random.Generator,
@@ -125,7 +131,7 @@ def _coordinate(
     start, so both draw on the same quota in time order; a throttled device's loop waits.
     """
     cpu, ranks = loops.cpu, len(work)
-    chain_seconds, chain_jitter = chain
+    chain_seconds, chain_jitter, chain_notify = chain
     position, remaining = compute_start, work
     ready = np.full(ranks, np.inf)
     entry = np.maximum(loops.loop_free, loops.last_cycle + cycle_seconds)
@@ -138,7 +144,7 @@ def _coordinate(
         hop = chain_seconds
         if np.any(chain_jitter > 0):
             hop = np.maximum(hop + rng.uniform(-1.0, 1.0, ranks) * chain_jitter, 0.0)
-        done, wait = chain_cycle(started, hop, message_cpu)
+        done, wait = chain_cycle(started, hop, message_cpu, chain_notify)
         loops.note_wait(wait, "coordination chain")
         cycles += 1
         if np.all(ready <= entry) or cycles >= MAX_CYCLES_PER_ROUND:
@@ -173,7 +179,10 @@ def simulate_steps(
     cpu_per_cycle = (
         parameters.cycle_cpu_seconds + chain_sends(ranks) * parameters.message_cpu_seconds
     ) / speeds
-    chain = sender_seconds(ranks, network["chain"])
+    chain = (
+        *sender_seconds(ranks, network["chain"]),
+        receiver_notify_seconds(ranks, network["chain"]),
+    )
     collective = collective_of(fleet, mode, network)
     loops = _Loops(cpu, np.zeros(ranks), np.full(ranks, -np.inf))
     quota_bound = bool(np.any(cpu.binding))

@@ -59,10 +59,12 @@ def test_reduced_steps_match_the_message_by_message_simulation(
 def test_the_longest_wait_for_one_message_is_about_n_hops_not_the_chains_two_n():
     # The headline timeout claim, message by message: on a latency-bound link a rank waits
     # about N one-way hops for one message (the coordination word coming round, or the first
-    # ring hop from the rank that learnt the result last), not the chain's 2(N-1) hops.
+    # ring hop from the rank that learnt the result last), not the chain's 2(N-1) hops. Gloo's
+    # rendezvous adds two: a cycle's first word waits for rank N-2, which left the last cycle
+    # a hop after rank N-1, to post its receive, and for that notification to come back.
     ranks = 10
     link = replace(default_profiles()["lte"], up_jitter_ms=0.0, down_jitter_ms=0.0)
     hop = (link.up_delay_ms + link.down_delay_ms) / 1000
     reduced, unreduced = _both(link, ranks, ExchangeMode("fp16"), 4_000, 0.005, 1.0, 3)
-    assert (ranks - 1) * hop < unreduced.longest_wait_seconds < (ranks + 1) * hop
+    assert (ranks - 1) * hop < unreduced.longest_wait_seconds < (ranks + 3) * hop
     assert reduced.longest_wait_seconds == pytest.approx(unreduced.longest_wait_seconds, rel=0.05)

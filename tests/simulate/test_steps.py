@@ -13,7 +13,7 @@ from globaldl.simulate.topology import Phase
 RNG = np.random.default_rng(0)
 
 
-def _ring(ranks, transfer=0.0, latency=0.1, jitter=0.0):
+def _ring(ranks, transfer=0.0, latency=0.1, jitter=0.0, notify=0.0):
     upstream = np.roll(np.arange(ranks), -1)
     return RingStage(
         upstream,
@@ -21,13 +21,16 @@ def _ring(ranks, transfer=0.0, latency=0.1, jitter=0.0):
         np.full(ranks, latency),
         np.full(ranks, jitter),
         np.full(ranks, 2 * (ranks - 1)),
+        np.full(ranks, notify),
     )
 
 
 def test_the_coordination_word_crosses_the_ring_twice_one_message_at_a_time():
     # Gloo fills one of 2N segments with an 8-byte word: 2(N-1) single messages in a row.
     ranks, hop = 10, 0.065
-    done, longest_wait = chain_cycle(np.zeros(ranks), np.full(ranks, hop), np.zeros(ranks))
+    done, longest_wait = chain_cycle(
+        np.zeros(ranks), np.full(ranks, hop), np.zeros(ranks), np.zeros(ranks)
+    )
     assert done.max() == pytest.approx(2 * (ranks - 1) * hop)
     # The longest single wait is about N hops (rank N-1 waits for the word to come round),
     # not the whole chain: this, not 2(N-1) hops, is what meets Gloo's timeout.
@@ -38,16 +41,48 @@ def test_the_coordination_word_crosses_the_ring_twice_one_message_at_a_time():
 def test_a_rank_entering_late_holds_the_chain_up():
     entry = np.zeros(4)
     entry[2] = 1.0
-    done, _ = chain_cycle(entry, np.full(4, 0.1), np.zeros(4))
-    # Reduce-scatter runs 3 -> 2 -> 1 -> 0: rank 2 forwards at 1.0, rank 0 has it at 1.2.
-    assert done[0] == pytest.approx(1.2)
-    assert done[1] == pytest.approx(1.2 + 3 * 0.1)
+    done, _ = chain_cycle(entry, np.full(4, 0.1), np.zeros(4), np.zeros(4))
+    # Reduce-scatter runs 3 -> 2 -> 1 -> 0. Rank 3's word waits for rank 2 to post its
+    # receive at 1.0 (Gloo sends nothing to a rank not ready for it): rank 2 has it at 1.1,
+    # rank 0 at 1.3.
+    assert done[0] == pytest.approx(1.3)
+    assert done[1] == pytest.approx(1.3 + 3 * 0.1)
+
+
+def test_only_the_chains_first_message_waits_for_its_receivers_ready():
+    # Gloo's rendezvous: rank N-2 posts its receive on entry, and rank N-1 hears of it one
+    # return latency later; every later receiver posted long before the word comes by.
+    ranks, hop = 10, 0.065
+    done, _ = chain_cycle(
+        np.zeros(ranks), np.full(ranks, hop), np.zeros(ranks), np.full(ranks, hop)
+    )
+    assert done.max() == pytest.approx((2 * (ranks - 1) + 1) * hop)
+
+
+def test_a_late_receiver_holds_its_sender_for_the_notification():
+    entry = np.zeros(4)
+    entry[1] = 1.0
+    done, longest = chain_cycle(entry, np.full(4, 0.1), np.zeros(4), np.full(4, 0.1))
+    # Rank 2 has the word at 0.2 but rank 1's receive reaches it only at 1.1: rank 1 has it
+    # at 1.2, rank 0 at 1.3, and the gather's three hops follow.
+    assert done[0] == pytest.approx(1.3)
+    assert done[1] == pytest.approx(1.3 + 3 * 0.1)
+    # Rank 3 waits longest: done with its part at 0, it has the result at 1.4.
+    assert longest == pytest.approx(1.4)
 
 
 def test_ring_of_equal_hops_takes_hops_times_one_hop():
     finish, longest = ring_finish(np.zeros(4), _ring(4), np.zeros(4), RNG)
     np.testing.assert_allclose(finish, 6 * 0.1)
     assert longest == pytest.approx(0.1)
+
+
+def test_every_ring_hop_pays_the_receivers_ready_and_the_message():
+    # A hop posts its receive when it starts: the sender hears of it one latency later, and
+    # the bytes take another. Two one-way latencies per hop, as Gloo's TCP pairs do.
+    finish, longest = ring_finish(np.zeros(4), _ring(4, notify=0.1), np.zeros(4), RNG)
+    np.testing.assert_allclose(finish, 6 * 0.2)
+    assert longest == pytest.approx(0.2)
 
 
 def test_one_slow_uplink_sets_the_pace_of_the_whole_ring():
@@ -59,13 +94,15 @@ def test_one_slow_uplink_sets_the_pace_of_the_whole_ring():
         stage.incoming_latency_seconds,
         stage.incoming_jitter_seconds,
         stage.hops,
+        stage.notify_seconds,
     )
     finish, _ = ring_finish(np.zeros(4), slow, np.zeros(4), RNG)
     assert finish.max() == pytest.approx(6 * 0.5)
 
 
-def test_one_long_latency_is_paid_once_per_lap_not_once_per_hop():
-    # Latency does not hold the sender: the slow hop is on the critical path twice in 6 hops.
+def test_one_long_latency_is_paid_on_every_hop():
+    # Rank 2 posts its next receive only once the last message from rank 3 is in, and Gloo's
+    # rank 3 sends nothing before that receive is posted: every hop waits out the 0.5 s.
     stage = _ring(4)
     slow = RingStage(
         stage.upstream,
@@ -73,15 +110,21 @@ def test_one_long_latency_is_paid_once_per_lap_not_once_per_hop():
         np.array([0.1, 0.1, 0.5, 0.1]),
         stage.incoming_jitter_seconds,
         stage.hops,
+        stage.notify_seconds,
     )
     finish, _ = ring_finish(np.zeros(4), slow, np.zeros(4), RNG)
-    assert finish.max() == pytest.approx(2 * 0.5 + 4 * 0.1)
+    assert finish.max() == pytest.approx(6 * 0.5)
 
 
 def test_a_neighbour_running_ahead_queues_its_bytes_behind_its_last_message():
     # Rank 1 starts 1 s early; its messages still leave one transfer time apart.
     stage = RingStage(
-        np.array([1, 0]), np.array([0.2, 0.2]), np.zeros(2), np.zeros(2), np.array([2, 2])
+        np.array([1, 0]),
+        np.array([0.2, 0.2]),
+        np.zeros(2),
+        np.zeros(2),
+        np.array([2, 2]),
+        np.zeros(2),
     )
     finish, _ = ring_finish(np.array([1.0, 0.0]), stage, np.zeros(2), RNG)
     assert finish[0] == pytest.approx(1.0 + 0.2 + 0.2)
@@ -92,7 +135,7 @@ def _estimate(mode, ranks=4, latency=0.1, compute=0.05, timeout=30.0, cores=1.0)
     fleet = type(fleet)(tuple(type(d)(d.profile, cpu_cores=cores) for d in fleet.devices))
     order = list(range(ranks))
     phase = Phase.of(order, order[-1:] + order[:-1], [1000] * ranks)
-    hops = Hops(phase, np.zeros(ranks), np.full(ranks, latency), np.zeros(ranks))
+    hops = Hops(phase, np.zeros(ranks), np.full(ranks, latency), np.zeros(ranks), np.zeros(ranks))
     network = {"chain": hops, "ring": hops}
     workload = Workload(240_000, 0.005, np.full(ranks, compute))
     parameters = ExchangeParameters(gloo_timeout_seconds=timeout)
@@ -102,9 +145,10 @@ def _estimate(mode, ranks=4, latency=0.1, compute=0.05, timeout=30.0, cores=1.0)
 def test_a_step_is_the_cycle_that_missed_the_tensors_the_one_that_sees_them_and_the_ring():
     estimate = _estimate(ExchangeMode("dense"))
     # Right after a collective every rank starts a cycle without its tensors (50 ms compute);
-    # rank N-1 leaves it after N hops and starts the next, which sees every rank: 2(N-1) hops
-    # later rank 1 has the result; then the ring's 2(N-1) hops. N = 4, 0.1 s per hop.
-    assert estimate.step_seconds == pytest.approx((4 + 6 + 6) * 0.1, rel=0.01)
+    # rank N-1 leaves it after N hops and starts the next, which sees every rank. Its word
+    # waits for rank N-2, a hop behind, to post its receive; 2(N-1) hops later rank 1 has the
+    # result; then the ring's 2(N-1) hops. N = 4, 0.1 s per hop.
+    assert estimate.step_seconds == pytest.approx((4 + 1 + 6 + 6) * 0.1, rel=0.01)
     assert estimate.cycles_per_step == pytest.approx(2.0)
     assert not estimate.timed_out
 
