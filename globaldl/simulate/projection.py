@@ -325,16 +325,22 @@ def best_modes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def answer(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The largest device count that pays off in any mode, and the mode it needs."""
-    candidates = [row for row in crossovers(rows) if row["pays_off_up_to_devices"] is not None]
-    best = max(
-        candidates,
-        key=lambda row: (row["pays_off_up_to_devices"], row["examples_per_second_there"]),
-        default=None,
-    )
+    """The largest device count that pays off, and the mode it needs there.
+
+    Each count is judged by its best mode (`best_modes`): more devices pay off only while the
+    best a run can do with them gains MIN_GAIN examples per second over the best with the next
+    smaller count. A slow mode that still gains from its own small base does not count.
+    """
+    chosen, previous = None, None
+    for best in best_modes(rows):
+        if best["best_mode"] is None:
+            break
+        if previous is not None and best["examples_per_second"] < (1 + MIN_GAIN) * previous:
+            break
+        chosen, previous = best, best["examples_per_second"]
     return {
-        "devices": best["pays_off_up_to_devices"] if best else None,
-        "mode": best["mode"] if best else None,
-        "step_seconds": best["step_seconds_there"] if best else None,
-        "examples_per_second": best["examples_per_second_there"] if best else None,
+        "devices": chosen["devices"] if chosen else None,
+        "mode": chosen["best_mode"] if chosen else None,
+        "step_seconds": chosen["step_seconds"] if chosen else None,
+        "examples_per_second": chosen["examples_per_second"] if chosen else None,
     }

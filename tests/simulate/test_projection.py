@@ -48,6 +48,29 @@ def test_a_mode_pays_off_while_it_gains_ten_percent_and_does_not_time_out():
     assert answer(rows)["mode"] == "local"
 
 
+def test_the_answer_follows_the_best_mode_not_a_slow_one_still_gaining_from_its_own_base():
+    # Dense gains 18% from 100 to 1000 devices, but reaches only 73 examples/s; local runs 606
+    # at 100 and gains 9.6% at 1000: one run uses 100 devices, with local steps.
+    rows = [
+        _row(100, "dense", 61.2),
+        _row(1000, "dense", 72.6),
+        _row(100, "local", 606.5),
+        _row(1000, "local", 664.7),
+    ]
+    assert by_mode_pays_off(rows) == {"dense": 1000, "local": 100}
+    assert answer(rows) == {
+        "devices": 100,
+        "mode": "local",
+        "step_seconds": 100 / 606.5,
+        "examples_per_second": 606.5,
+    }
+
+
+def by_mode_pays_off(rows):
+    """Per mode, the largest count at which it pays off on its own."""
+    return {row["mode"]: row["pays_off_up_to_devices"] for row in crossovers(rows)}
+
+
 def test_a_small_projection_writes_its_tables_plot_and_readme_section(tmp_path):
     profiles = default_profiles()
     request = ProjectionRequest(
