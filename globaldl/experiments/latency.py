@@ -383,9 +383,9 @@ class LatencyExperiment(Experiment):
             "whose summary predates the first step's record give the last epoch's seconds over "
             f"its steps instead (its validation included: one per {steps} steps in the bounded "
             "runs). `round_trips_per_step` is what the delay added over one "
-            "device-to-device round trip. Expected duration of one repeat on a quiet 2-core "
-            "machine: ~45 minutes (18 runs, ~40 s start-up each; a smoke run measured ~16 round "
-            "trips per dense step, so the 300 ms runs take ~5 minutes each)."
+            "device-to-device round trip. Duration of one repeat on a quiet 2-core machine "
+            "(2026-11-27): about 72 minutes for the 15 runs, of which the 0-50 ms runs take 20 "
+            "and each 300 ms run about 10 (its 16 steps of ~17 s, start-up and validation)."
         )
 
     def get_config(self) -> dict[str, Any]:
