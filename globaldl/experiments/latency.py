@@ -384,8 +384,9 @@ class LatencyExperiment(Experiment):
             f"its steps instead (its validation included: one per {steps} steps in the bounded "
             "runs). `round_trips_per_step` is what the delay added over one "
             "device-to-device round trip. Duration of one repeat on a quiet 2-core machine "
-            "(2026-11-27): about 72 minutes for the 15 runs, of which the 0-50 ms runs take 20 "
-            "and each 300 ms run about 10 (its 16 steps of ~17 s, start-up and validation)."
+            "(2026-11-27): the nine 0-50 ms runs about 20 minutes, the three 100 ms runs 14 and "
+            "the 300 ms dense run 10; about 72 minutes for all 15 if the two other 300 ms runs "
+            "take as long as the dense one (not yet timed)."
         )
 
     def get_config(self) -> dict[str, Any]:

@@ -44,19 +44,22 @@ def chain_cycle(
     if ranks < 2:
         return entry_seconds.copy(), 0.0
     step = hop_seconds[1:] + cpu[:-1]  # a[p] for p = 0..N-2: message p+1 -> p, then p's CPU
-    posted = entry_seconds + notify_seconds  # when each receive is known upstream
+    # When each rank's receive is known upstream: posted on entry for the scatter, once its
+    # scatter is done for the gather. A message waits for it, so x[p] >= posted[p] + h + c.
+    scatter_posted = entry_seconds + notify_seconds
     scatter_base = entry_seconds + cpu
-    scatter_base[:-1] = np.maximum(scatter_base[:-1], posted[:-1] + step)
+    scatter_base[:-1] = scatter_posted[:-1] + step
     scatter = _chain(scatter_base, step)
-    scatter_arrival = np.maximum(scatter[1:], posted[:-1]) + hop_seconds[1:]
+    scatter_arrival = np.maximum(scatter[1:], scatter_posted[:-1]) + hop_seconds[1:]
     scatter_wait = np.maximum(scatter_arrival - entry_seconds[:-1], 0.0)
-    last_arrival = max(scatter[0], scatter[-1] + notify_seconds[-1]) + hop_seconds[0]
+    gather_posted = scatter + notify_seconds
+    last_arrival = max(scatter[0], gather_posted[-1]) + hop_seconds[0]
     last_start = max(last_arrival, scatter[-1]) + cpu[-1]
-    gather_base = (scatter + cpu)[1:].copy()
-    gather_base[:-1] = np.maximum(gather_base[:-1], (scatter + notify_seconds)[1:-1] + step[1:])
+    gather_base = np.empty(ranks - 1)
+    gather_base[:-1] = gather_posted[1:-1] + step[1:]
     gather_base[-1] = last_start
     gather = _chain(gather_base, step[1:])
-    gather_arrival = np.maximum(gather[1:], (scatter + notify_seconds)[1:-1]) + hop_seconds[2:]
+    gather_arrival = np.maximum(gather[1:], gather_posted[1:-1]) + hop_seconds[2:]
     gather_wait = np.maximum(gather_arrival - scatter[1:-1], 0.0)
     last_wait = max(last_arrival - scatter[-1], 0.0)
     done = np.empty(ranks)
@@ -128,6 +131,7 @@ def ring_finish(
     next_rank = bool(np.array_equal(stage.upstream, np.roll(np.arange(ranks), -1)))
     pushed = np.full(ranks, -np.inf)  # when the upstream rank's previous bytes were out
     upstream_finish, arrival, wait = np.empty(ranks), np.empty(ranks), np.empty(ranks)
+    posted = np.empty(ranks)  # when rank p's receive for this hop is known upstream
     longest = np.zeros(ranks)
     # Jittered delays are drawn for a block of hops at once: one generator call, not one per hop.
     block = max(1, min(most, JITTER_BLOCK_VALUES // max(ranks, 1)))
@@ -142,7 +146,8 @@ def ring_finish(
         else:
             np.take(finish, stage.upstream, out=upstream_finish)
         np.maximum(upstream_finish, pushed, out=pushed)
-        np.maximum(finish + stage.notify_seconds, pushed, out=pushed)
+        np.add(finish, stage.notify_seconds, out=posted)
+        np.maximum(posted, pushed, out=pushed)
         pushed += stage.incoming_transfer_seconds
         np.add(pushed, delays[hop % block], out=arrival)
         np.subtract(arrival, finish, out=wait)

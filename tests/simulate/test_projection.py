@@ -57,18 +57,14 @@ def test_the_answer_follows_the_best_mode_not_a_slow_one_still_gaining_from_its_
         _row(100, "local", 606.5),
         _row(1000, "local", 664.7),
     ]
-    assert by_mode_pays_off(rows) == {"dense": 1000, "local": 100}
+    pays_off = {row["mode"]: row["pays_off_up_to_devices"] for row in crossovers(rows)}
+    assert pays_off == {"dense": 1000, "local": 100}
     assert answer(rows) == {
         "devices": 100,
         "mode": "local",
         "step_seconds": 100 / 606.5,
         "examples_per_second": 606.5,
     }
-
-
-def by_mode_pays_off(rows):
-    """Per mode, the largest count at which it pays off on its own."""
-    return {row["mode"]: row["pays_off_up_to_devices"] for row in crossovers(rows)}
 
 
 def test_a_small_projection_writes_its_tables_plot_and_readme_section(tmp_path):
