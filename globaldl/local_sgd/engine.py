@@ -62,6 +62,10 @@ class RoundTotals:
     skipped_rounds: int = 0
     sync_seconds: float = 0.0  # the training loop's own time at round ends (waits included)
     background_seconds: float = 0.0  # exchanges that ran beside the local steps (overlap)
+    # The loop's time at the round end that took the first round's result: its collectives
+    # meet their tensors for the first time (Horovod's full negotiation), like a run's first
+    # step, so a reader of the steady round leaves it out.
+    first_round_sync_seconds: float | None = None
 
 
 class RoundEngine:
@@ -259,6 +263,8 @@ class RoundEngine:
         phases = dict.fromkeys(PHASES, 0.0)
         phases.update(seconds)
         self.totals.sync_seconds += sum(phases.values())
+        if applied is not None and self.totals.first_round_sync_seconds is None:
+            self.totals.first_round_sync_seconds = sum(phases.values())
         for name, value in phases.items():
             totals.phase_seconds[name] += value
         wire_bytes = raw_bytes = 0
@@ -286,6 +292,7 @@ class RoundEngine:
             "skipped_rounds": self.totals.skipped_rounds,
             "rounds_applied_in_order": self.ledger.applied == list(range(self.ledger.submitted)),
             "sync_seconds": self.totals.sync_seconds,
+            "first_round_sync_seconds": self.totals.first_round_sync_seconds,
             "background_exchange_seconds": self.totals.background_seconds,
         }
 

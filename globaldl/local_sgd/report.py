@@ -48,6 +48,7 @@ def rounds_summary(
             "skipped_rounds": skipped_steps,
             "rounds_applied_in_order": True,
             "sync_seconds": sync_seconds,
+            "first_round_sync_seconds": None,  # the first step's phases hold it
             "background_exchange_seconds": 0.0,
         }
     else:

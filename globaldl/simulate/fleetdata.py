@@ -25,7 +25,8 @@ The simulator predicts the steady step; a run's first step also waits for the sl
 trace its graph and for Horovod's first negotiation (on a delayed link, several seconds: a
 12-step run's mean carries a tenth of it). Summaries that record each rank's first step
 (`first_step_phase_seconds`) give the observation their other steps' phases; older ones give
-the mean over every step.
+the mean over every step. A run with local steps is measured the same way round by round: its
+local steps' mean plus one steady round end per H steps (`steady_step_in_rounds`).
 
 The simulator is checked against the fleet as it ran: every device on one machine (its cores,
 less what the link emulation, the launcher and other processes used during the run), and a run
@@ -190,6 +191,34 @@ def local_steps(summary: dict[str, Any]) -> tuple[int, bool]:
     return max(steps, 1), bool(rounds.get("overlap"))
 
 
+def steady_step_in_rounds(
+    phases: dict[str, float], steady_steps: int, rounds: dict[str, Any], every: int
+) -> float:
+    """Rank 0's steady step of a run with local steps: the mean local step, plus one steady
+    round end spread over the `every` steps of a round.
+
+    `phases` are the run's steady steps' (its first step, a local one, left out) with every
+    round end's time inside; `rounds` is the summary's section. The simulator predicts one
+    exchange every `every` steps, each one steady; the run's mean step is not that: its last
+    round is cut short when training ends (40 steps in rounds of 16 end three rounds, not 2.5),
+    and its first round end meets Horovod's first negotiation of the exchange's tensors. So the
+    round ends' mean is taken without the first where the summary records it
+    (`first_round_sync_seconds`, two rounds or more), over every round otherwise.
+    """
+    total = sum(phases.values())
+    count = int(rounds.get("rounds") or 0)
+    sync = rounds.get("sync_seconds")
+    if count < 1 or sync is None:
+        return total / steady_steps
+    sync = min(float(sync), total)
+    first = rounds.get("first_round_sync_seconds")
+    if first is not None and count >= 2:
+        per_round = max(sync - float(first), 0.0) / (count - 1)
+    else:
+        per_round = sync / count
+    return (total - sync) / steady_steps + per_round / every
+
+
 def _codec(compression: dict[str, Any]) -> str:
     prune = compression.get("prune", "none")
     quantize = compression.get("quantize", "none")
@@ -276,7 +305,11 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         payload_bytes=float(summary["gradient_bytes_wire"])
         / int((summary.get("rounds") or {}).get("rounds") or steps),
         compute_cpu_seconds=tuple(compute),
-        step_seconds=sum(phases.values()) / steady_steps,
+        step_seconds=(
+            steady_step_in_rounds(phases, steady_steps, summary["rounds"], every)
+            if every > 1
+            else sum(phases.values()) / steady_steps
+        ),
         steps=steps,
         history=tuple(summary.get("history") or ()),
         codec=_codec(compression),

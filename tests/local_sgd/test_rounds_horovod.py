@@ -52,6 +52,8 @@ def test_rounds_end_with_identical_weights_on_every_rank(runs: dict[str, Any]) -
     assert rounds["bytes_per_sample_reduction"] > 4 * 50
     assert 0 < rounds["compute_utilisation"] <= 1
     assert rounds["background_exchange_seconds"] > 0
+    # The round end that took round 0's result is one of the five the loop's sync time adds up.
+    assert 0 < rounds["first_round_sync_seconds"] < rounds["sync_seconds"]
 
 
 def test_a_run_resumed_mid_round_ends_as_the_uninterrupted_one(runs: dict[str, Any]) -> None:

@@ -139,6 +139,25 @@ def test_a_recorded_first_step_is_left_out_of_the_step_the_simulator_must_hit():
     assert observation_from_run("test", _run()).step_seconds == pytest.approx(0.1)
 
 
+def test_a_run_in_rounds_is_measured_as_its_local_steps_and_one_steady_round_per_h_steps():
+    # 1000 steps in rounds of 16: 63 round ends (the last one after 8 steps), 90 s of the
+    # loop's 100 s, the first of them 6 s (Horovod's first negotiation of the delta's tensors).
+    run = _run()
+    run["summary"]["rounds"] = {"sync_every": "16", "overlap": False, "rounds": 63}
+    run["summary"]["rounds"] |= {"sync_seconds": 90.0, "first_round_sync_seconds": 6.0}
+    steady_round = 84.0 / 62
+    assert observation_from_run("test", run).step_seconds == pytest.approx(
+        10.0 / 1000 + steady_round / 16
+    )
+    # Without the first round end's record (older summaries): every round end's mean, still
+    # one per 16 steps, not the 63/1000 the short last round makes of the run's mean step.
+    del run["summary"]["rounds"]["first_round_sync_seconds"]
+    assert observation_from_run("test", run).step_seconds == pytest.approx(
+        10.0 / 1000 + 90.0 / 63 / 16
+    )
+    assert observation_from_run("test", _run()).step_seconds == pytest.approx(0.1)
+
+
 def test_the_devices_share_the_machine_less_what_its_links_and_launcher_used():
     run = _run() | {"machine": {"cores": 2}}
     run["load"] = {"seconds": 100.0, "emulation_cpu_seconds": 20.0, "driver_cpu_seconds": 5.0}
