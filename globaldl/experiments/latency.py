@@ -384,9 +384,8 @@ class LatencyExperiment(Experiment):
             f"its steps instead (its validation included: one per {steps} steps in the bounded "
             "runs). `round_trips_per_step` is what the delay added over one "
             "device-to-device round trip. Duration of one repeat on a quiet 2-core machine "
-            "(2026-11-27): the nine 0-50 ms runs about 20 minutes, the three 100 ms runs 14 and "
-            "the 300 ms dense run 10; about 72 minutes for all 15 if the two other 300 ms runs "
-            "take as long as the dense one (not yet timed)."
+            "(2026-11-27): the nine 0-50 ms runs about 20 minutes, the six 100 and 300 ms runs "
+            "40 (a 300 ms run 8-10 minutes); about an hour for all 15."
         )
 
     def get_config(self) -> dict[str, Any]:

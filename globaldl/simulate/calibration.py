@@ -189,13 +189,25 @@ def relative_errors(cases: Sequence[Case], estimates: Sequence[StepEstimate]) ->
     return (simulated - measured) / measured
 
 
-def score(errors: np.ndarray) -> float:
-    """What the fit minimises: the target's own statistic, the mean breaking ties.
+def score(errors: np.ndarray, experiments: Sequence[str]) -> float:
+    """What the fit minimises: the target's own statistic per experiment, their mean.
 
-    The median is robust to the few runs the busy machine disturbed; the mean's small weight
-    keeps any run from being ignored outright.
+    Within an experiment, the median |error| (robust to the few runs the busy machine
+    disturbed) and a tenth of the mean (which keeps any run from being ignored outright). Each
+    experiment of the subset weighs the same: each covers its own axis (codecs; profiles and
+    models; delays), and one with more runs or repeats (latency: 15 runs x 3) must not set the
+    parameters for the others alone.
     """
-    return float(np.median(np.abs(errors)) + 0.1 * np.mean(np.abs(errors)))
+    magnitudes = np.abs(np.asarray(errors, float))
+    names = np.asarray(experiments)
+    return float(
+        np.mean(
+            [
+                np.median(magnitudes[names == name]) + 0.1 * np.mean(magnitudes[names == name])
+                for name in dict.fromkeys(experiments)
+            ]
+        )
+    )
 
 
 @dataclass
@@ -240,13 +252,15 @@ def calibrate(
         raise ValueError("every run is in the calibration subset: nothing left to validate on")
     with_latency = any(case.observation.profile.core_round_trip_ms > 0 for case in fitting)
     names = [name for name in GRIDS if with_latency or name != "latency_factor"]
+    experiments = [case.observation.experiment for case in fitting]
     transfers: dict[float, list[dict[str, Transfers]]] = {}
 
     def evaluate_candidate(candidate: SimParameters) -> float:
         factor = candidate.bandwidth_factor
         if factor not in transfers:
             transfers[factor] = simulate_cases(fitting, factor)
-        return score(relative_errors(fitting, predict(fitting, candidate, transfers[factor])))
+        errors = relative_errors(fitting, predict(fitting, candidate, transfers[factor]))
+        return score(errors, experiments)
 
     best = SimParameters(fitted_on=tuple(fit_on), latency_fitted=with_latency)
     best_score = evaluate_candidate(best)

@@ -194,9 +194,9 @@ def local_steps(summary: dict[str, Any]) -> tuple[int, bool]:
 def steady_step_in_rounds(
     phases: dict[str, float], steady_steps: int, rounds: dict[str, Any], every: int
 ) -> float:
-    """Rank 0's steady step of a run with local steps: the mean local step, plus one steady
-    round end spread over the `every` steps of a round.
+    """Rank 0's steady step of a run with local steps: local step plus a round end per H steps.
 
+    The mean local step, plus one steady round end spread over the `every` steps of a round.
     `phases` are the run's steady steps' (its first step, a local one, left out) with every
     round end's time inside; `rounds` is the summary's section. The simulator predicts one
     exchange every `every` steps, each one steady; the run's mean step is not that: its last

@@ -13,6 +13,7 @@ from globaldl.simulate.calibration import (
     observation_fleet,
     observation_mode,
     ranking_checks,
+    score,
 )
 from globaldl.simulate.fleetdata import (
     burst_cpu_seconds,
@@ -197,6 +198,15 @@ def test_a_run_on_sites_is_simulated_on_its_sites_behind_one_shared_wan_link_eac
     assert fleet.sites[0].wan_up.kbit_per_second == 5000
     with pytest.raises(ValueError, match="grid"):
         observation_from_run("test", _sixteen_on_sites("sites.yaml"))
+
+
+def test_the_fit_weighs_each_calibration_experiment_the_same_whatever_its_run_count():
+    # Nine runs 10% off in one experiment, one run 30% off in the other: pooled, the median
+    # would be 10% and the second experiment all but ignored.
+    errors = np.array([0.1] * 9 + [-0.3])
+    experiments = ["latency"] * 9 + ["ablation"]
+    assert score(errors, experiments) == pytest.approx(((0.1 + 0.01) + (0.3 + 0.03)) / 2)
+    assert score(errors, ["latency"] * 10) == pytest.approx(0.1 + 0.1 * 0.12)
 
 
 def test_rankings_count_pairs_the_simulator_orders_unlike_the_fleet():
