@@ -262,9 +262,10 @@ class RoundEngine:
         """
         phases = dict.fromkeys(PHASES, 0.0)
         phases.update(seconds)
-        self.totals.sync_seconds += sum(phases.values())
+        seconds_here = sum(phases.values())
+        self.totals.sync_seconds += seconds_here
         if applied is not None and self.totals.first_round_sync_seconds is None:
-            self.totals.first_round_sync_seconds = sum(phases.values())
+            self.totals.first_round_sync_seconds = seconds_here
         for name, value in phases.items():
             totals.phase_seconds[name] += value
         wire_bytes = raw_bytes = 0

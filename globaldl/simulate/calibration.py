@@ -198,16 +198,9 @@ def score(errors: np.ndarray, experiments: Sequence[str]) -> float:
     models; delays), and one with more runs or repeats (latency: 15 runs x 3) must not set the
     parameters for the others alone.
     """
-    magnitudes = np.abs(np.asarray(errors, float))
-    names = np.asarray(experiments)
-    return float(
-        np.mean(
-            [
-                np.median(magnitudes[names == name]) + 0.1 * np.mean(magnitudes[names == name])
-                for name in dict.fromkeys(experiments)
-            ]
-        )
-    )
+    magnitudes, names = np.abs(np.asarray(errors, float)), np.asarray(experiments)
+    groups = [magnitudes[names == name] for name in dict.fromkeys(experiments)]
+    return float(np.mean([np.median(group) + 0.1 * np.mean(group) for group in groups]))
 
 
 @dataclass

@@ -272,6 +272,26 @@ def _row(
     }
 
 
+def _pays_off_up_to(
+    series: Sequence[Mapping[str, Any] | None],
+) -> Mapping[str, Any] | None:
+    """The largest count of `series` (smallest count first; None: it does not run) that pays off.
+
+    A count pays off when it runs and its examples per second are at least MIN_GAIN above those
+    at the next smaller count (the smallest pays off when it runs at all); the first count that
+    does not ends the walk.
+    """
+    pays_off = None
+    for point in series:
+        if point is None or (
+            pays_off is not None
+            and point["examples_per_second"] < (1 + MIN_GAIN) * pays_off["examples_per_second"]
+        ):
+            break
+        pays_off = point
+    return pays_off
+
+
 def crossovers(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per mode: up to how many devices it pays off, and where it first times out.
 
@@ -284,15 +304,7 @@ def crossovers(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         series = sorted(
             (row for row in rows if row["mode"] == mode), key=lambda row: row["devices"]
         )
-        pays_off, previous = None, None
-        for row in series:
-            if row["times_out"]:
-                break
-            if previous is None or row["examples_per_second"] >= (1 + MIN_GAIN) * previous:
-                pays_off = row
-            else:
-                break
-            previous = row["examples_per_second"]
+        pays_off = _pays_off_up_to([None if row["times_out"] else row for row in series])
         first_timeout = next((row["devices"] for row in series if row["times_out"]), None)
         result.append(
             {
@@ -331,13 +343,9 @@ def answer(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     best a run can do with them gains MIN_GAIN examples per second over the best with the next
     smaller count. A slow mode that still gains from its own small base does not count.
     """
-    chosen, previous = None, None
-    for best in best_modes(rows):
-        if best["best_mode"] is None:
-            break
-        if previous is not None and best["examples_per_second"] < (1 + MIN_GAIN) * previous:
-            break
-        chosen, previous = best, best["examples_per_second"]
+    chosen = _pays_off_up_to(
+        [None if best["best_mode"] is None else best for best in best_modes(rows)]
+    )
     return {
         "devices": chosen["devices"] if chosen else None,
         "mode": chosen["best_mode"] if chosen else None,
