@@ -186,12 +186,16 @@ def run_experiment(
     command: str = "",
     only: Sequence[str] | None = None,
     repeats: int = 1,
+    resume: bool = False,
 ) -> ExperimentReport:
     """Run the experiment's plan `repeats` times (interleaved), then write its outputs.
 
     With `only` (run labels) just those runs run (every repeat); the outputs also take every
     other run of the plan already in `out_dir` (to re-run one failed or disturbed run), and
     the recorded command keeps the one those runs came from (`EARLIER; then COMMAND`).
+    With `resume` a run (label and repeat) already recorded `ok` in `out_dir` is kept, not
+    run again: an experiment longer than a sitting runs in parts, each stopped (interrupted)
+    where its time ends and resumed in order by the next.
     Whatever ran is written even when a run or the fleet fails, or the user interrupts; the
     exception then propagates after the outputs are written (marked incomplete).
     """
@@ -210,13 +214,18 @@ def run_experiment(
     runner.check_no_fleet_up()
     recorded = load_results(out_dir, specs, name=experiment.name)
     chosen_labels = {spec.label for spec in chosen}
-    kept = [result for result in recorded if result.spec.label not in chosen_labels]
-    if only is not None and kept:
+    done = {(r.spec.label, r.repeat) for r in recorded if resume and r.ok}
+    kept = [
+        result
+        for result in recorded
+        if result.spec.label not in chosen_labels or (result.spec.label, result.repeat) in done
+    ]
+    if (only is not None or resume) and kept:
         command = _with_earlier_command(out_dir / f"{experiment.name}.json", command)
     fresh: list[RunResult] = []
     complete = False
     try:
-        runner.run(chosen, collected=fresh, repeats=repeats, earlier=recorded)
+        runner.run(chosen, collected=fresh, repeats=repeats, earlier=recorded, done=done)
         complete = True
     finally:
         position = {spec.label: index for index, spec in enumerate(specs)}

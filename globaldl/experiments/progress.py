@@ -13,7 +13,7 @@ run of this session; before any run has finished and without earlier results it 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,12 +32,21 @@ class ScheduledRun:
     repeats: int
 
 
-def interleave(specs: Sequence[RunSpec], repeats: int) -> list[ScheduledRun]:
-    """Repeat 1 of every spec in plan order, then repeat 2, ..., up to `repeats`."""
+def interleave(
+    specs: Sequence[RunSpec], repeats: int, done: Collection[tuple[str, int]] = ()
+) -> list[ScheduledRun]:
+    """Repeat 1 of every spec in plan order, then repeat 2, ..., up to `repeats`.
+
+    Without the runs in `done` (label, repeat): those already recorded, when an experiment
+    resumes where an earlier session stopped.
+    """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
     return [
-        ScheduledRun(spec, repeat, repeats) for repeat in range(1, repeats + 1) for spec in specs
+        ScheduledRun(spec, repeat, repeats)
+        for repeat in range(1, repeats + 1)
+        for spec in specs
+        if (spec.label, repeat) not in done
     ]
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -46,7 +46,7 @@ from globaldl.experiments.load import (
     measure_load,
 )
 from globaldl.experiments.progress import RunClock, ScheduledRun, earlier_run_seconds, interleave
-from globaldl.experiments.results import RunResult, load_results, portable
+from globaldl.experiments.results import RunResult, load_results, portable, repeat_dir
 from globaldl.experiments.spec import FleetConfig, RunSpec
 from globaldl.fleet.cycle_time import auto_cycle_time_ms
 from globaldl.fleet.fleet import Fleet, FleetLockTimeoutError
@@ -197,24 +197,34 @@ class ExperimentRunner:
         *,
         repeats: int = 1,
         earlier: Sequence[RunResult] = (),
+        done: Collection[tuple[str, int]] = (),
     ) -> list[RunResult]:
         """Run every spec `repeats` times, interleaved; adjacent runs on one fleet share it.
 
         Results are appended to `collected` (when given) as they come, so a caller still has
         the finished runs when a later one raises or the user interrupts. A label that runs
-        replaces its earlier results in `out_dir/runs/`. `earlier` results (e.g. of an
-        earlier session) only seed the time estimate.
+        replaces its earlier results in `out_dir/runs/`, except the repeats in `done` (label,
+        repeat): those are recorded already and neither run nor removed (a resumed
+        experiment). `earlier` results (e.g. of an earlier session) only seed the time
+        estimate.
         """
-        schedule = interleave(specs, repeats)
+        schedule = interleave(specs, repeats, done)
         self.validate(specs)
         self.check_no_fleet_up()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         for spec in specs:
-            shutil.rmtree(self.out_dir / "runs" / spec.label, ignore_errors=True)
+            if not any(label == spec.label for label, _ in done):
+                shutil.rmtree(self.out_dir / "runs" / spec.label, ignore_errors=True)
+        for scheduled in schedule:
+            shutil.rmtree(
+                repeat_dir(self.out_dir, scheduled.spec.label, scheduled.repeat),
+                ignore_errors=True,
+            )
         results: list[RunResult] = collected if collected is not None else []
         clock = RunClock(schedule, earlier_run_seconds(earlier, specs))
+        resumed = f", {len(done)} recorded already" if done else ""
         self.progress(
-            f"{len(schedule)} runs ({len(specs)} x {repeats} repeats, interleaved); "
+            f"{len(schedule)} runs ({len(specs)} x {repeats} repeats, interleaved{resumed}); "
             + clock.eta_text(schedule)
         )
         position = 0

@@ -151,3 +151,24 @@ def test_shared_protocol_options_reach_every_command_and_bad_ones_are_named(tmp_
     assert "busy policy 'maybe' is not one of: mark, refuse, rerun" in bad.output
     unknown = runner.invoke(app, ["ablation", "--dry-run", "--variants", "none,nope", *out])
     assert unknown.exit_code == 2 and "variant(s) nope unknown" in unknown.output
+
+
+def test_a_resumed_dry_run_plans_only_the_runs_not_recorded(tmp_path: Path) -> None:
+    import json
+
+    from experiment_fakes import result, summary
+
+    from globaldl.experiments import BottleneckExperiment
+    from globaldl.experiments.results import RESULT_FILE, repeat_dir
+
+    first = BottleneckExperiment(quick=True).plan()[0]
+    folder = repeat_dir(tmp_path / "out", first.label, 1)
+    folder.mkdir(parents=True)
+    recorded = result(first, summary(epoch_seconds=[10.0], val_accuracies=[0.5]))
+    (folder / RESULT_FILE).write_text(json.dumps(recorded.to_dict()))
+    options = ["bottleneck", "--quick", "--dry-run", "--out", str(tmp_path / "out")]
+    fresh = runner.invoke(app, [*options, "--repeats", "2"])
+    resumed = runner.invoke(app, [*options, "--repeats", "2", "--resume"])
+    assert fresh.exit_code == 0 and resumed.exit_code == 0, fresh.output + resumed.output
+    assert "x 2 repeats, interleaved = 8 runs;" in fresh.output
+    assert "x 2 repeats, interleaved = 7 runs, 1 recorded already;" in resumed.output

@@ -168,7 +168,10 @@ def test_only_reruns_the_named_runs_and_keeps_the_others_from_the_folder(tmp_pat
         def check_no_fleet_up(self) -> None:
             pass
 
-        def run(self, specs: list[RunSpec], collected: list, *, repeats: int, earlier) -> list:
+        def run(
+            self, specs: list[RunSpec], collected: list, *, repeats: int, earlier, done
+        ) -> list:
+            assert not done  # without --resume every repeat of the chosen runs runs
             self.ran = [spec.label for spec in specs]
             assert [r.spec.label for r in earlier] == ["lenet-equal"]  # seeds the time estimate
             for repeat, seconds in zip(range(1, repeats + 1), (10.0, 12.0), strict=False):

@@ -217,3 +217,84 @@ def test_report_rebuilds_a_fresh_clone_from_the_json_and_makes_its_paths_relativ
     assert [RunResult.from_dict(run).spec.label for run in document["runs"]] == [
         spec.label for spec in experiment.plan()
     ]
+
+
+def test_a_resumed_schedule_leaves_out_the_runs_already_recorded() -> None:
+    plan = AblationExperiment(quick=True).plan()[:2]
+    a, b = plan[0].label, plan[1].label
+    schedule = interleave(plan, 3, done={(a, 1), (b, 1), (a, 2)})
+    assert [(run.spec.label, run.repeat, run.repeats) for run in schedule] == [
+        (b, 2, 3), (a, 3, 3), (b, 3, 3)
+    ]  # fmt: skip
+
+
+def test_resume_keeps_the_runs_recorded_ok_and_runs_the_rest_in_order(tmp_path: Path) -> None:
+    """An experiment stopped part-way resumes: failed runs run again, finished ones stay."""
+    from globaldl.experiments import run_experiment
+    from globaldl.experiments.results import RESULT_FILE, repeat_dir
+
+    experiment = AblationExperiment(quick=True)
+    plan = experiment.plan()[:2]
+    a, b = plan[0].label, plan[1].label
+    recorded = [
+        replace(result(plan[0], summary(epoch_seconds=[10.0], val_accuracies=[0.8])), repeat=1),
+        replace(result(plan[1], summary(epoch_seconds=[30.0], val_accuracies=[0.8])), repeat=1),
+        replace(result(plan[0], None, status="failed (exit 1)"), repeat=2),
+    ]
+    for run in recorded:
+        folder = repeat_dir(tmp_path, run.spec.label, run.repeat)
+        folder.mkdir(parents=True)
+        (folder / RESULT_FILE).write_text(json.dumps(run.to_dict()))
+    (tmp_path / "ablation.json").write_text(json.dumps({"command": "globaldl experiment x"}))
+
+    class Runner:
+        busy_policy, max_reruns, busy_limits = "mark", 2, BusyLimits()
+        done: set[tuple[str, int]] = set()
+
+        def validate(self, specs: list) -> None:
+            pass
+
+        def check_no_fleet_up(self) -> None:
+            pass
+
+        def run(self, specs: list, collected: list, *, repeats: int, earlier, done) -> list:
+            self.done = set(done)
+            for scheduled in interleave(specs, repeats, done):
+                fresh = summary(epoch_seconds=[20.0], val_accuracies=[0.9])
+                collected.append(replace(result(scheduled.spec, fresh), repeat=scheduled.repeat))
+            return collected
+
+    runner = Runner()
+    report = run_experiment(
+        type(experiment)(quick=True),
+        runner,  # type: ignore[arg-type]
+        tmp_path,
+        "globaldl experiment x --resume",
+        only=[a, b],
+        repeats=2,
+        resume=True,
+    )
+    assert runner.done == {(a, 1), (b, 1)}  # the failed repeat 2 of `a` runs again
+    runs = [(run.spec.label, run.repeat, run.status) for run in report.results]
+    assert runs == [(a, 1, "ok"), (b, 1, "ok"), (a, 2, "ok"), (b, 2, "ok")]
+    seconds = {(run.spec.label, run.repeat): run.summary["history"][0]["seconds"]
+               for run in report.results}  # fmt: skip
+    assert seconds == {(a, 1): 10.0, (b, 1): 30.0, (a, 2): 20.0, (b, 2): 20.0}
+    assert json.loads((tmp_path / "ablation.json").read_text())["command"] == (
+        "globaldl experiment x; then globaldl experiment x --resume"
+    )
+
+
+def test_a_resumed_run_with_nothing_left_brings_no_fleet_up_and_removes_nothing(
+    tmp_path: Path,
+) -> None:
+    from globaldl.experiments.results import RESULT_FILE, repeat_dir
+
+    (spec,) = AblationExperiment(quick=True).plan()[:1]
+    folder = repeat_dir(tmp_path / "out", spec.label, 1)
+    folder.mkdir(parents=True)
+    (folder / RESULT_FILE).write_text("{}")
+    runner = ExperimentRunner(tmp_path / "out", state_dir=tmp_path / "state")
+    assert runner.run([spec], repeats=1, done={(spec.label, 1)}) == []
+    assert (folder / RESULT_FILE).read_text() == "{}"
+    assert not (tmp_path / "state").exists()

@@ -39,9 +39,16 @@ def make_runner(name: str, shared: SharedOptions, out: Path | None = None) -> Ex
 
 
 def print_plan(
-    experiment: Experiment, runner: ExperimentRunner, repeats: int, only: Sequence[str] | None
+    experiment: Experiment,
+    runner: ExperimentRunner,
+    repeats: int,
+    only: Sequence[str] | None,
+    resume: bool = False,
 ) -> None:
-    """The fleets and train commands of one repeat, and what the whole schedule will take."""
+    """The fleets and train commands of one repeat, and what the whole schedule will take.
+
+    With `resume`, the schedule leaves out the runs already recorded ok in the results folder.
+    """
     from globaldl.experiments.progress import RunClock, earlier_run_seconds, interleave
     from globaldl.experiments.results import load_results
 
@@ -62,8 +69,9 @@ def print_plan(
             f"    [{index}] {spec.label}: HOROVOD_CYCLE_TIME={runner.cycle_time_ms(spec):g} "
             f"globaldl train {shlex.join(spec.train_args)}"
         )
-    schedule = interleave(specs, repeats)
     recorded = load_results(runner.out_dir, specs, name=experiment.name)
+    done = {(r.spec.label, r.repeat) for r in recorded if resume and r.ok}
+    schedule = interleave(specs, repeats, done)
     earlier = earlier_run_seconds(recorded, specs)
     clock = RunClock(schedule, earlier)
     seconds, basis = clock.estimate(schedule)
@@ -78,7 +86,8 @@ def print_plan(
             f"about {duration_text(seconds)}, from the run times recorded in {runner.out_dir} "
             f"for {timed} of {len(specs)} labels{guessed} (fleet start-ups not included)"
         )
-    typer.echo(f"  x {repeats} repeats, interleaved = {len(schedule)} runs; {estimate}")
+    left = f", {len(done)} recorded already" if done else ""
+    typer.echo(f"  x {repeats} repeats, interleaved = {len(schedule)} runs{left}; {estimate}")
 
 
 def print_report(report: ExperimentReport) -> None:
@@ -110,7 +119,7 @@ def execute(
         experiment = build()
         runner = make_runner(experiment.name, shared, out)
         if shared.dry_run:
-            print_plan(experiment, runner, shared.repeat_count, shared.labels)
+            print_plan(experiment, runner, shared.repeat_count, shared.labels, shared.resume)
             return None
         signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         typer.echo(
@@ -125,11 +134,12 @@ def execute(
                 command=command_line(),
                 only=shared.labels,
                 repeats=shared.repeat_count,
+                resume=shared.resume,
             )
         except KeyboardInterrupt:
             typer.echo(
                 f"experiment {experiment.name}: interrupted; finished runs written to "
-                f"{runner.out_dir}",
+                f"{runner.out_dir} (the same command with --resume runs the rest)",
                 err=True,
             )
             raise typer.Exit(code=130) from None

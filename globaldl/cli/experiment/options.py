@@ -1,7 +1,7 @@
 """The options every `globaldl experiment` command shares, defined once.
 
 `experiment_command` adds them to a command's own options (the Typer signature is the
-command's plus these) and hands the command one `SharedOptions` instead of eleven arguments.
+command's plus these) and hands the command one `SharedOptions` instead of twelve arguments.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class SharedOptions:
     cycle_time_ms: str = "auto"
     out: Path | None = None
     only: str | None = None
+    resume: bool = False
     dry_run: bool = False
     state_dir: Path | None = None
     prefix: str | None = None
@@ -92,6 +93,15 @@ OPTIONS: dict[str, Any] = {
         typer.Option(
             help="Run only these runs (labels, comma-separated), every repeat; the tables and "
             "plots also take the other runs already in the results folder."
+        ),
+    ],
+    "resume": Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Keep the runs (label and repeat) already recorded ok in the results folder "
+            "and run only the rest, in the same interleaved order: a long experiment runs in "
+            "parts, each interrupted (Ctrl-C) where its time ends.",
         ),
     ],
     "dry_run": Annotated[
