@@ -214,7 +214,11 @@ def run_experiment(
     runner.check_no_fleet_up()
     recorded = load_results(out_dir, specs, name=experiment.name)
     chosen_labels = {spec.label for spec in chosen}
-    done = {(r.spec.label, r.repeat) for r in recorded if resume and r.ok}
+    done = {
+        (r.spec.label, r.repeat)
+        for r in recorded
+        if resume and r.ok and r.spec.label in chosen_labels
+    }
     kept = [
         result
         for result in recorded

@@ -234,11 +234,12 @@ def test_resume_keeps_the_runs_recorded_ok_and_runs_the_rest_in_order(tmp_path: 
     from globaldl.experiments.results import RESULT_FILE, repeat_dir
 
     experiment = AblationExperiment(quick=True)
-    plan = experiment.plan()[:2]
-    a, b = plan[0].label, plan[1].label
+    plan = experiment.plan()[:3]
+    a, b, c = (spec.label for spec in plan)
     recorded = [
         replace(result(plan[0], summary(epoch_seconds=[10.0], val_accuracies=[0.8])), repeat=1),
         replace(result(plan[1], summary(epoch_seconds=[30.0], val_accuracies=[0.8])), repeat=1),
+        replace(result(plan[2], summary(epoch_seconds=[40.0], val_accuracies=[0.8])), repeat=1),
         replace(result(plan[0], None, status="failed (exit 1)"), repeat=2),
     ]
     for run in recorded:
@@ -274,12 +275,13 @@ def test_resume_keeps_the_runs_recorded_ok_and_runs_the_rest_in_order(tmp_path: 
         repeats=2,
         resume=True,
     )
-    assert runner.done == {(a, 1), (b, 1)}  # the failed repeat 2 of `a` runs again
+    # The failed repeat 2 of `a` runs again; `c`, not chosen, is kept and not counted as done.
+    assert runner.done == {(a, 1), (b, 1)}
     runs = [(run.spec.label, run.repeat, run.status) for run in report.results]
-    assert runs == [(a, 1, "ok"), (b, 1, "ok"), (a, 2, "ok"), (b, 2, "ok")]
+    assert runs == [(a, 1, "ok"), (b, 1, "ok"), (c, 1, "ok"), (a, 2, "ok"), (b, 2, "ok")]
     seconds = {(run.spec.label, run.repeat): run.summary["history"][0]["seconds"]
                for run in report.results}  # fmt: skip
-    assert seconds == {(a, 1): 10.0, (b, 1): 30.0, (a, 2): 20.0, (b, 2): 20.0}
+    assert seconds == {(a, 1): 10.0, (b, 1): 30.0, (c, 1): 40.0, (a, 2): 20.0, (b, 2): 20.0}
     assert json.loads((tmp_path / "ablation.json").read_text())["command"] == (
         "globaldl experiment x; then globaldl experiment x --resume"
     )
