@@ -25,7 +25,7 @@ from globaldl.experiments.analysis import (
     wire_bytes_per_step,
 )
 from globaldl.experiments.outputs import write_csv
-from globaldl.experiments.results import RunResult, load_results, portable
+from globaldl.experiments.results import RunResult, load_results, portable, recorded_ok
 from globaldl.experiments.runner import ExperimentRunner
 from globaldl.experiments.sections import (
     link_notes,
@@ -214,11 +214,7 @@ def run_experiment(
     runner.check_no_fleet_up()
     recorded = load_results(out_dir, specs, name=experiment.name)
     chosen_labels = {spec.label for spec in chosen}
-    done = {
-        (r.spec.label, r.repeat)
-        for r in recorded
-        if resume and r.ok and r.spec.label in chosen_labels
-    }
+    done = recorded_ok(recorded, chosen_labels) if resume else set()
     kept = [
         result
         for result in recorded

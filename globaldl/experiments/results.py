@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,11 @@ def load_results(
         found,
         key=lambda r: (r.repeat, order.get(r.spec.label, len(order)), recorded[id(r)]),
     )
+
+
+def recorded_ok(results: Sequence[RunResult], labels: Collection[str]) -> set[tuple[str, int]]:
+    """The runs (label, repeat) of `labels` that `results` hold as finished: what --resume keeps."""
+    return {(r.spec.label, r.repeat) for r in results if r.ok and r.spec.label in labels}
 
 
 def _one_machine(machine: Any) -> bool:

@@ -50,7 +50,7 @@ def print_plan(
     With `resume`, the schedule leaves out the runs already recorded ok in the results folder.
     """
     from globaldl.experiments.progress import RunClock, earlier_run_seconds, interleave
-    from globaldl.experiments.results import load_results
+    from globaldl.experiments.results import load_results, recorded_ok
 
     specs = [spec for spec in experiment.plan() if only is None or spec.label in only]
     runner.validate(specs)
@@ -70,7 +70,7 @@ def print_plan(
             f"globaldl train {shlex.join(spec.train_args)}"
         )
     recorded = load_results(runner.out_dir, specs, name=experiment.name)
-    done = {(r.spec.label, r.repeat) for r in recorded if resume and r.ok}
+    done = recorded_ok(recorded, {spec.label for spec in specs}) if resume else set()
     schedule = interleave(specs, repeats, done)
     earlier = earlier_run_seconds(recorded, specs)
     clock = RunClock(schedule, earlier)
