@@ -212,8 +212,9 @@ class ExperimentRunner:
         self.validate(specs)
         self.check_no_fleet_up()
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        resumed_labels = {label for label, _ in done}
         for spec in specs:
-            if not any(label == spec.label for label, _ in done):
+            if spec.label not in resumed_labels:
                 shutil.rmtree(self.out_dir / "runs" / spec.label, ignore_errors=True)
         for scheduled in schedule:
             shutil.rmtree(
