@@ -1,15 +1,16 @@
 """`scaling`: does per-device traffic stay flat as devices are added? Every exchange mode.
 
 LeNet/MNIST trains for a fixed number of epochs on 2, 4, 8 and 16 devices, each on its own
-delayed link (the `lte` profile: 5 Mbit/s up, 17.5 down, 35 ms each way), with every
-exchange mode: dense Horovod (fp32 ring
-allreduce), Horovod's fp16, per-rank top-k + int8 (gathered), and each summable codec
-(shared-randomk + intsum, shared-topk + intsum, PowerSGD + fp16). Then 16 devices in 4 sites
-(a LAN per site, one delayed WAN link per site) run the flat ring and the site hierarchy
-(`--hierarchy sites`) with dense and with shared-topk + intsum. Per run: per-device interface
-tx bytes per step (the fleet's counters: the truth for the network), the modelled collective
-bytes, step time, time to accuracy and final accuracy. `plan()` is one repeat; the benchmark
-protocol repeats and aggregates it.
+delayed link (the `lte` profile: 5 Mbit/s up, 17.5 down, 35 ms each way), with every exchange
+mode: dense Horovod (fp32 ring allreduce), Horovod's fp16, per-rank top-k + int8 (gathered), and
+each summable codec (shared-randomk + intsum, shared-topk + intsum, PowerSGD + fp16). Then 16
+devices in 4 sites (a LAN per site, one delayed WAN link per site) run the flat ring and the
+site hierarchy (`--hierarchy sites`) with dense and with shared-topk + intsum. Per run:
+per-device interface tx bytes per step (the devices' own counters: the truth for the network)
+over the steady steps and over the whole run, the modelled collective bytes, step time, time to
+accuracy and final accuracy. The targets read the steady bytes: a 16-device run makes 30 steps,
+so the model's initial broadcast alone, spread over the whole run, would outweigh a summable
+codec's step. `plan()` is one repeat; the benchmark protocol repeats and aggregates it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from globaldl import summary as summary_module
 from globaldl.experiments.aggregate import error_bars, row_spread
 from globaldl.experiments.analysis import (
     TargetCheck,
@@ -69,6 +71,21 @@ FLAT_BYTES_FACTOR = 1.3
 LESS_TRAFFIC_FACTOR = 50.0
 ACCURACY_POINTS = 0.005
 HIERARCHY_SPEEDUP = 2.0
+TRAFFIC = "steady_tx_bytes_per_step"
+"""The column the traffic targets and ratios read (see the module docstring)."""
+
+
+def steady_tx_bytes_per_step(result: RunResult) -> float | None:
+    """Mean over the fleet's devices of what each sent per step in its steady window.
+
+    None unless every device was scraped over a steady window (globaldl/experiments/scrape.py).
+    """
+    per_device = [
+        resources.steady_transmit_bytes_per_step for resources in result.resources.values()
+    ]
+    if len(per_device) != result.spec.fleet.devices or None in per_device:
+        return None
+    return sum(value for value in per_device if value is not None) / len(per_device)
 
 
 class ScalingExperiment(Experiment):
@@ -83,10 +100,11 @@ class ScalingExperiment(Experiment):
         "devices",
         "combine",
         "collectives_per_step",
+        "steady_tx_bytes_per_step",
         "device_tx_bytes_per_step",
         "device_tx_bytes_per_step_model",
         "traffic_ratio_vs_dense",
-        "mean_step_seconds",
+        "steady_step_seconds",
         "seconds_to_target",
         "val_accuracy",
         "status",
@@ -164,6 +182,7 @@ class ScalingExperiment(Experiment):
                             "exchange": "ring",
                         },
                         cycle_time_ms=self.cycle_time_ms,
+                        scrape_metrics=True,
                     )
                 )
         count, per_site = self.sites
@@ -182,6 +201,7 @@ class ScalingExperiment(Experiment):
                         train_args=tuple(self._args(codec, count * per_site) + hierarchy),
                         factors={"codec": codec, "fleet": f"sites {sites}", "exchange": exchange},
                         cycle_time_ms=self.cycle_time_ms,
+                        scrape_metrics=True,
                     )
                 )
         return specs
@@ -197,9 +217,13 @@ class ScalingExperiment(Experiment):
         for result in results:
             row = run_row(result)
             row["target_accuracy"] = self.workload.target_accuracy
+            row[TRAFFIC] = steady_tx_bytes_per_step(result)
             summary = result.summary
             if summary is not None:
                 row.update(summary.get("exchange", {}))
+                # Without the first step: it also traces the graph (seconds at 1/8 core, in a
+                # run of 30 steps).
+                row["steady_step_seconds"] = summary_module.steady_step_seconds(summary)
                 traffic = summary.get("traffic", {})
                 row["device_tx_bytes_per_step_model"] = traffic.get(
                     "device_tx_bytes_per_step_model"
@@ -216,8 +240,8 @@ class ScalingExperiment(Experiment):
         for row in table:
             dense = self._find(table, DENSE, row["devices"], row["fleet"], row["exchange"])
             row["traffic_ratio_vs_dense"] = ratio(
-                number_or_none(dense.get("device_tx_bytes_per_step")),
-                number_or_none(row.get("device_tx_bytes_per_step")),
+                number_or_none(dense.get(TRAFFIC)),
+                number_or_none(row.get(TRAFFIC)),
             )
         return table
 
@@ -253,10 +277,10 @@ class ScalingExperiment(Experiment):
             small, large = self._find(rows, codec, smallest), self._find(rows, codec, largest)
             checks.append(
                 at_most_times(
-                    f"{codec}: per-device interface tx bytes per step at {largest} devices "
+                    f"{codec}: per-device interface tx bytes per steady step at {largest} devices "
                     f"within {FLAT_BYTES_FACTOR:g}x of {smallest} devices'",
-                    row_spread(large, "device_tx_bytes_per_step"),
-                    row_spread(small, "device_tx_bytes_per_step"),
+                    row_spread(large, TRAFFIC),
+                    row_spread(small, TRAFFIC),
                     FLAT_BYTES_FACTOR,
                     unit="B",
                 )
@@ -271,8 +295,8 @@ class ScalingExperiment(Experiment):
                 at_most_times(
                     f"{codec}, {count} sites x {per_site} ({self.link} WAN): hierarchical step "
                     f"time at least {HIERARCHY_SPEEDUP:g}x below the flat ring's",
-                    row_spread(tree, "mean_step_seconds"),
-                    row_spread(ring, "mean_step_seconds"),
+                    row_spread(tree, "steady_step_seconds"),
+                    row_spread(ring, "steady_step_seconds"),
                     1.0 / HIERARCHY_SPEEDUP,
                 )
             )
@@ -287,8 +311,8 @@ class ScalingExperiment(Experiment):
             f"traffic than dense Horovod, final accuracy within {100 * ACCURACY_POINTS:g} point "
             "of dense"
         )
-        traffic = row_spread(row, "device_tx_bytes_per_step")
-        dense_traffic = row_spread(dense, "device_tx_bytes_per_step")
+        traffic = row_spread(row, TRAFFIC)
+        dense_traffic = row_spread(dense, TRAFFIC)
         accuracy = row_spread(row, "val_accuracy")
         dense_accuracy = row_spread(dense, "val_accuracy")
         if traffic is None or dense_traffic is None or accuracy is None or dense_accuracy is None:
@@ -314,8 +338,8 @@ class ScalingExperiment(Experiment):
     ) -> list[Path]:
         """scaling.png: bytes, step time and accuracy against devices; ring against sites."""
         panels = (
-            ("device_tx_bytes_per_step", "per-device interface tx bytes per step", "log"),
-            ("mean_step_seconds", "mean step seconds (rank 0)", "log"),
+            (TRAFFIC, "per-device interface tx bytes per steady step", "log"),
+            ("steady_step_seconds", "step seconds without the first (rank 0)", "log"),
             ("val_accuracy", "final validation accuracy", "linear"),
         )
         count, per_site = self.sites
@@ -354,14 +378,14 @@ class ScalingExperiment(Experiment):
                 for exchange in ("ring", "hierarchy"):
                     value = number_or_none(
                         self._find(rows, codec, count * per_site, fleet, exchange).get(
-                            "mean_step_seconds"
+                            "steady_step_seconds"
                         )
                     )
                     if value is not None:
                         names.append(f"{codec}\n{exchange}")
                         seconds.append(value)
             bars.barh(names, seconds, color="tab:orange")
-            bars.set_xlabel("mean step seconds")
+            bars.set_xlabel("step seconds without the first")
             bars.set_title(f"{fleet}: flat ring vs hierarchy", fontsize=9)
             bars.tick_params(axis="y", labelsize=7)
             bars.grid(axis="x", alpha=0.3)
@@ -388,12 +412,17 @@ class ScalingExperiment(Experiment):
             "link per site) run each of "
             f"{', '.join(self.hierarchy_codecs)} with the flat ring and with "
             "`--hierarchy sites` (sum in the site, among the site leaders, back to the site; "
-            "`fleet run` passes the site map). `device_tx_bytes_per_step` is what a device's "
-            "interface sent per step, averaged over the devices and the whole run "
-            "(coordination, broadcast and logs included): the truth for the network; "
+            "`fleet run` passes the site map). Every device's exporter is scraped each "
+            "second: `steady_tx_bytes_per_step` is what a device's interface sent per step "
+            "from the first scrape after step 1 to the first that saw the last step, less the "
+            "scrape responses, averaged over the devices (coordination, epoch-end validation "
+            "and logs included; the initial broadcast and the run's end not; the scrapes' "
+            "HTTP and TCP headers remain): the truth for the network, and what the targets "
+            "and `traffic_ratio_vs_dense` read; `device_tx_bytes_per_step` is the same over "
+            "the whole run (the fleet's counters, broadcast included); "
             "`device_tx_bytes_per_step_model` is what the collectives' algorithms send for the "
             "gradients alone (run summary `traffic`; for the hierarchy, a site leader's); "
-            "`traffic_ratio_vs_dense` divides dense Horovod's interface bytes on the same "
+            "`traffic_ratio_vs_dense` divides dense Horovod's steady bytes on the same "
             "fleet by the run's. `collectives_per_step` and `combine` come from the run "
             "summary's `exchange` (the compressor's wire declaration). Target accuracy "
             f"{self.workload.target_accuracy:g}. One repeat takes about {EXPECTED_MINUTES} "

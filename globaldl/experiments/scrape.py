@@ -12,6 +12,10 @@ way Prometheus would. From the first and the last scrape of a device:
 * Network: the device's bytes sent and received (`globaldl_device_network_*_bytes_total`);
   psutil reads /proc/net/dev, which IS per network namespace, so these are the device's own
   (eth0 and loopback). They include the scrape responses, counted separately.
+* Steady traffic: the bytes sent from the first scrape after the first step to the first scrape
+  that saw the last step, less the scrape responses inside that window, over the steps made in
+  it. The model's initial broadcast (before the first step) and the run's end are outside it;
+  the scrapes' own HTTP and TCP headers are not (one scrape a second by default).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class DeviceScrapes:
         window_seconds = last.seconds - first.seconds
         cpu_seconds = last.values[CPU_SECONDS] - first.values[CPU_SECONDS]
         memory = [s.values[RESIDENT_MEMORY_BYTES] for s in usable]
+        steady_steps, steady_bytes = _steady_traffic(usable)
         return DeviceResources(
             device=self.device,
             scrapes=len(usable),
@@ -87,9 +92,31 @@ class DeviceScrapes:
             resident_memory_mean_bytes=sum(memory) / len(memory),
             network_transmit_bytes=last.values[TRANSMIT_BYTES] - first.values[TRANSMIT_BYTES],
             network_receive_bytes=last.values[RECEIVE_BYTES] - first.values[RECEIVE_BYTES],
-            scrape_response_bytes=sum(s.response_bytes for s in usable[1:]),
+            # A response leaves after the reading it carries: the window's counters hold the
+            # responses of every scrape but the last.
+            scrape_response_bytes=sum(s.response_bytes for s in usable[:-1]),
             network_transmit_peak_bits_per_second=_peak_rate(usable, TRANSMIT_BYTES),
+            steady_steps=steady_steps,
+            steady_transmit_bytes=steady_bytes,
         )
+
+
+def _steady_traffic(scrapes: list[Scrape]) -> tuple[int | None, float | None]:
+    """Steps and bytes sent between the first scrape after step 1 and the first at the last step.
+
+    (None, None) when fewer than two steps fall in that window.
+    """
+    steps = [int(scrape.values.get(STEPS, 0)) for scrape in scrapes]
+    started = next((index for index, count in enumerate(steps) if count >= 1), None)
+    if started is None:
+        return None, None
+    ended = steps.index(max(steps))
+    if steps[ended] - steps[started] < 2:
+        return None, None
+    sent = scrapes[ended].values[TRANSMIT_BYTES] - scrapes[started].values[TRANSMIT_BYTES]
+    # As in resources(): the responses of the window's scrapes but its last are in the counters.
+    responses = sum(scrape.response_bytes for scrape in scrapes[started:ended])
+    return steps[ended] - steps[started], sent - responses
 
 
 def _peak_rate(scrapes: list[Scrape], counter: str) -> float | None:
@@ -127,6 +154,16 @@ class DeviceResources:
     scrape_response_bytes: int
     # The device's busiest window between two scrapes: what its link delivered at best.
     network_transmit_peak_bits_per_second: float | None = None
+    # The steady window (module docstring): steps made in it, bytes sent less the scrapes'.
+    steady_steps: int | None = None
+    steady_transmit_bytes: float | None = None
+
+    @property
+    def steady_transmit_bytes_per_step(self) -> float | None:
+        """What the device sent per step in the steady window; None without one."""
+        if self.steady_steps is None or self.steady_transmit_bytes is None:
+            return None
+        return self.steady_transmit_bytes / self.steady_steps
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

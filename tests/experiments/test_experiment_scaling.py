@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from experiment_fakes import result, summary
+from experiment_fakes import device_resources, result, summary
 
 from globaldl.experiments import ScalingExperiment, write_outputs
-from globaldl.experiments.scaling import CODECS, SUMMABLE
+from globaldl.experiments.scaling import CODECS, SUMMABLE, TRAFFIC
 
 
 def test_scaling_plan_covers_every_mode_at_2_to_16_devices_and_the_sites() -> None:
@@ -27,27 +28,46 @@ def test_scaling_plan_covers_every_mode_at_2_to_16_devices_and_the_sites() -> No
     ]
     assert [s.option("--hierarchy") for s in sites] == [None, "sites", None, "sites"]
     assert {spec.option("--epochs") for spec in plan} == {"2"}  # fixed epochs, one repeat
+    assert all(spec.scrape_metrics for spec in plan)  # the steady traffic comes from scrapes
     # Linear scaling up to 8 devices (0.08); 16 devices train at that cap, not at 0.16.
     rates = {spec.fleet.devices: spec.option("--learning-rate") for spec in plan}
     assert rates == {2: None, 4: None, 8: None, 16: "0.08"}
 
 
-def _results(plan, tx_bytes, accuracy, step_seconds):
-    """Fake results: interface bytes, accuracy and step seconds chosen per run label."""
+def _results(plan, tx_bytes, accuracy, step_seconds, scraped=None):
+    """Fake results: steady interface bytes, accuracy and steady step chosen per run label.
+
+    The whole run also carries a 2 MB broadcast and a 30 s first step (tracing): the targets
+    must read the steady figures, not these. `scraped(spec)` devices are scraped (all).
+    """
     results = []
     for spec in plan:
+        devices = spec.fleet.devices if scraped is None else scraped(spec)
         run = result(
             spec,
             summary(
                 epoch_seconds=[10.0, 10.0],
                 val_accuracies=[0.8, accuracy(spec)],
                 steps=10,
-                phase_seconds={"exchange": 10 * step_seconds(spec)},
+                phase_seconds={"exchange": 9 * step_seconds(spec) + 30.0},
             ),
+            resources={
+                f"d{index}": device_resources(
+                    f"d{index}", cpu_seconds=1.0, memory_mb=500, sent_bytes=1e6
+                )
+                for index in range(devices)
+            },
         )
+        run.summary["rank_totals"] = [{"first_step_phase_seconds": {"exchange": 30.0}}]
         run.summary["exchange"] = {"combine": "sum", "collectives_per_step": 1, "hierarchy": "none"}
         run.summary["traffic"] = {"device_tx_bytes_per_step_model": 1.0}
-        run.accounting["mean_tx_bytes"] = 10 * tx_bytes(spec)
+        run.accounting["mean_tx_bytes"] = 10 * tx_bytes(spec) + 2_000_000
+        run.resources = {
+            name: dataclasses.replace(
+                resources, steady_steps=8, steady_transmit_bytes=8 * tx_bytes(spec)
+            )
+            for name, resources in run.resources.items()
+        }
         results.append(run)
     return results
 
@@ -78,6 +98,28 @@ def test_scaling_targets_are_met_by_flat_summed_traffic_and_a_faster_hierarchy(
     assert (tmp_path / "scaling.png").exists() and (tmp_path / "scaling.md").exists()
     row = next(r for r in report.rows if r["label"] == "shared-topk_intsum-n16")
     assert row["traffic_ratio_vs_dense"] == 500_000 / 4_016
+    assert row[TRAFFIC] == 4_016 and row["device_tx_bytes_per_step"] == 4_016 + 200_000
+    assert row["steady_step_seconds"] == 3.0
+
+
+def test_scaling_traffic_is_unknown_unless_every_device_was_scraped(tmp_path: Path) -> None:
+    experiment = ScalingExperiment()
+    report = write_outputs(
+        experiment,
+        _results(
+            experiment.plan(),
+            lambda spec: 4_000,
+            lambda spec: 0.95,
+            lambda spec: 1.0,
+            scraped=lambda spec: spec.fleet.devices - (spec.factors["codec"] in SUMMABLE),
+        ),
+        tmp_path,
+    )
+    rows = {row["label"]: row for row in report.rows}
+    assert rows["dense-n4"][TRAFFIC] == 4_000
+    assert rows["shared-topk_intsum-n4"][TRAFFIC] is None
+    flat = [check for check in report.targets if "within" in check.goal and "x of" in check.goal]
+    assert flat and all(c.measured == "missing runs" and c.met is None for c in flat)
 
 
 def test_scaling_targets_are_not_met_when_bytes_grow_accuracy_drops_or_sites_do_not_help(

@@ -11,8 +11,13 @@ import pytest
 
 from globaldl.experiments.scrape import (
     CPU_SECONDS,
+    RECEIVE_BYTES,
     RESIDENT_MEMORY_BYTES,
+    STEPS,
+    TRANSMIT_BYTES,
+    DeviceScrapes,
     ExporterScraper,
+    Scrape,
     parse_exposition,
 )
 from globaldl.monitoring import PHASES, PrometheusExporter, start_exporter
@@ -102,3 +107,38 @@ def test_parse_exposition_reads_only_the_resource_samples() -> None:
 def test_scraper_rejects_a_non_positive_interval() -> None:
     with pytest.raises(ValueError, match="interval_seconds"):
         ExporterScraper({}, interval_seconds=0)
+
+
+def _scrapes(steps: list[int], sent: list[float], response_bytes: int = 100) -> DeviceScrapes:
+    device = DeviceScrapes("dev-1", "http://unused/metrics")
+    for index, (count, transmitted) in enumerate(zip(steps, sent, strict=True)):
+        values = {
+            CPU_SECONDS: float(index),
+            RESIDENT_MEMORY_BYTES: 1.0,
+            TRANSMIT_BYTES: transmitted,
+            RECEIVE_BYTES: 0.0,
+            STEPS: float(count),
+        }
+        device.scrapes.append(Scrape(float(index), values, response_bytes))
+    return device
+
+
+def test_steady_traffic_runs_from_after_the_first_step_to_the_first_scrape_at_the_last() -> None:
+    # Scrape 1 sees the broadcast (before step 1) and scrape 5 the run's end: both outside.
+    device = _scrapes([0, 0, 1, 3, 5, 5], [0, 900_000, 901_000, 903_200, 905_400, 990_000])
+    resources = device.resources(cpu_cores=1.0)
+    assert resources is not None
+    assert resources.steady_steps == 4
+    # Counters of scrape 4 hold the responses of scrapes 2 and 3 (100 bytes each).
+    assert resources.steady_transmit_bytes == 905_400 - 901_000 - 200
+    assert resources.steady_transmit_bytes_per_step == pytest.approx(4_200 / 4)
+    # The whole window keeps everything but the last response.
+    assert resources.network_transmit_bytes == 990_000
+    assert resources.scrape_response_bytes == 5 * 100
+
+
+@pytest.mark.parametrize("steps", [[0, 0, 0], [0, 1, 2], [3, 3]])
+def test_no_steady_traffic_without_two_steps_inside_the_window(steps: list[int]) -> None:
+    resources = _scrapes(steps, [1000.0 * i for i in range(len(steps))]).resources(1.0)
+    assert resources is not None
+    assert resources.steady_steps is None and resources.steady_transmit_bytes_per_step is None
