@@ -64,9 +64,10 @@ FLEET_CPU_CORES = 2.0
 """Every fleet shares the reference machine's 2 cores evenly (1 core each at 2 devices, 1/8 at
 16): the comparison is about the network, and small fleets then start and step quickly."""
 EPOCHS = 2
-EXPECTED_MINUTES = 90
-"""One repeat on 2 cores, estimated: start-up (~1 min at 1/8 core) plus 2 epochs at about
-4 (N - 1) x 70 ms per step on lte (ring and Horovod's negotiation), per run; 28 runs."""
+EXPECTED_MINUTES = 170
+"""One repeat on 2 cores (28 runs): the 2-device runs took 24 minutes together and the 4-device
+runs 5-7 minutes each on 2026-11-27; the 8- and 16-device runs are estimated at 6-8 minutes
+each (start-up at 1/4-1/8 core plus 60 or 30 steps of 3-8 s on lte)."""
 FLAT_BYTES_FACTOR = 1.3
 LESS_TRAFFIC_FACTOR = 50.0
 ACCURACY_POINTS = 0.005
@@ -426,8 +427,8 @@ class ScalingExperiment(Experiment):
             "fleet by the run's. `collectives_per_step` and `combine` come from the run "
             "summary's `exchange` (the compressor's wire declaration). Target accuracy "
             f"{self.workload.target_accuracy:g}. One repeat takes about {EXPECTED_MINUTES} "
-            "minutes on 2 cores (an estimate: start-up plus 2 epochs per run, steps bound by "
-            "the link's latency)."
+            "minutes on 2 cores (2 and 4 devices measured, 8 and 16 estimated; "
+            "`--dry-run` gives the time from the runs recorded)."
         )
 
     def _cpu_text(self) -> str:
