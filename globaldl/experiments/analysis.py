@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from globaldl import summary as summary_module
+
 NOT_REACHED = "not reached"
 
 
@@ -59,6 +61,22 @@ def mean_step_seconds(summary: Mapping[str, Any]) -> float | None:
     if steps <= 0:
         return None
     return sum(float(value) for value in summary["phase_seconds"].values()) / steps
+
+
+def steady_step_seconds(summary: dict[str, Any]) -> float | None:
+    """Rank 0's mean step without its first (epoch ends left out).
+
+    A summary older than the first step's record gives the LAST epoch's seconds per step (its
+    validation and the epoch's small collectives included): no tracing, warm TCP.
+    """
+    steady = summary_module.steady_step_seconds(summary)
+    if steady is not None:
+        return steady
+    history = summary.get("history") or []
+    epochs = len(history)
+    if not epochs or int(summary.get("steps", 0)) <= 0:
+        return None
+    return float(history[-1]["seconds"]) / (int(summary["steps"]) / epochs)
 
 
 def wire_bytes_per_step(summary: Mapping[str, Any]) -> float | None:

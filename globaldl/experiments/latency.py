@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from globaldl import summary as summary_module
 from globaldl.experiments.analysis import (
     NOT_REACHED,
     TargetCheck,
     seconds_or_not_reached,
+    steady_step_seconds,
     time_to_target,
 )
 from globaldl.experiments.experiment import Experiment, run_row
@@ -48,22 +48,6 @@ QUICK_STEPS = 6
 def device_round_trip_ms(delay_ms: float) -> float:
     """Device -> device -> device: four access-link crossings of `delay_ms` each."""
     return 4 * delay_ms
-
-
-def steady_step_seconds(summary: dict[str, Any]) -> float | None:
-    """Rank 0's mean step without its first (epoch ends left out).
-
-    A summary older than the first step's record gives the LAST epoch's seconds per step (its
-    validation and the epoch's small collectives included): no tracing, warm TCP.
-    """
-    steady = summary_module.steady_step_seconds(summary)
-    if steady is not None:
-        return steady
-    history = summary.get("history") or []
-    epochs = len(history)
-    if not epochs or int(summary.get("steps", 0)) <= 0:
-        return None
-    return float(history[-1]["seconds"]) / (int(summary["steps"]) / epochs)
 
 
 def latency_bound_from_ms(points: Sequence[tuple[float, float]]) -> float | None:

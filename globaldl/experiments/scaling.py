@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from globaldl import summary as summary_module
 from globaldl.experiments.aggregate import error_bars, row_spread
 from globaldl.experiments.analysis import (
     TargetCheck,
     at_most_times,
     ratio,
     seconds_or_not_reached,
+    steady_step_seconds,
     time_to_target,
 )
 from globaldl.experiments.experiment import Experiment, run_row
@@ -66,8 +66,9 @@ FLEET_CPU_CORES = 2.0
 EPOCHS = 2
 EXPECTED_MINUTES = 170
 """One repeat on 2 cores (28 runs): the 2-device runs took 24 minutes together and the 4-device
-runs 5-7 minutes each on 2026-11-27; the 8- and 16-device runs are estimated at 6-8 minutes
-each (start-up at 1/4-1/8 core plus 60 or 30 steps of 3-8 s on lte)."""
+runs 5-7 minutes each (single runs of repeat 1, 2026-11-27, `globaldl experiment scaling
+--repeats 3 --busy rerun --max-reruns 1 --resume`); the 8- and 16-device runs are estimated at
+6-8 minutes each (start-up at 1/4-1/8 core plus 60 or 30 steps of 3-8 s on lte)."""
 FLAT_BYTES_FACTOR = 1.3
 LESS_TRAFFIC_FACTOR = 50.0
 ACCURACY_POINTS = 0.005
@@ -84,9 +85,8 @@ def steady_tx_bytes_per_step(result: RunResult) -> float | None:
     per_device = [
         resources.steady_transmit_bytes_per_step for resources in result.resources.values()
     ]
-    if len(per_device) != result.spec.fleet.devices or None in per_device:
-        return None
-    return sum(value for value in per_device if value is not None) / len(per_device)
+    known = [value for value in per_device if value is not None]
+    return sum(known) / len(known) if len(known) == result.spec.fleet.devices else None
 
 
 class ScalingExperiment(Experiment):
@@ -224,7 +224,7 @@ class ScalingExperiment(Experiment):
                 row.update(summary.get("exchange", {}))
                 # Without the first step: it also traces the graph (seconds at 1/8 core, in a
                 # run of 30 steps).
-                row["steady_step_seconds"] = summary_module.steady_step_seconds(summary)
+                row["steady_step_seconds"] = steady_step_seconds(summary)
                 traffic = summary.get("traffic", {})
                 row["device_tx_bytes_per_step_model"] = traffic.get(
                     "device_tx_bytes_per_step_model"
