@@ -9,8 +9,9 @@ from __future__ import annotations
 INTERFACE_FIX = "gloo-process-set-interface"
 JOIN_TIMEOUT = "gloo-rendezvous-join-timeout"
 NOTIFY_OUTSIDE_LOCK = "elastic-notify-outside-lock"
+SSH_CONNECT_TIMEOUT = "ssh-check-connect-timeout"
 # A wheel without it was built by an older build script.
-NEWEST = NOTIFY_OUTSIDE_LOCK
+NEWEST = SSH_CONNECT_TIMEOUT
 
 
 def installed() -> tuple[str, ...]:

@@ -28,7 +28,7 @@ fi
 tar -xzf "$sdist" -C "$work"
 src="$work/horovod-$horovod_version"
 
-# Horovod 0.28.1 is the last release; four source edits make it build and run here:
+# Horovod 0.28.1 is the last release; five source edits make it build and run here:
 # 1. horovod/tensorflow/xla_mpi_ops.cc holds XLA GPU custom-call ops whose headers moved in
 #    TensorFlow 2.16+; it is dropped from the build (no GPU here, nothing uses it).
 # 2. GlooContext::InitializeForProcessSet never copies gloo_iface_ from the global context, so
@@ -43,6 +43,11 @@ src="$work/horovod-$horovod_version"
 #    every re-formation waits for, over a connect without a timeout: when rank 0's device has
 #    vanished, three connects to it (~127 s of SYN retries each) stalled every survivor for
 #    ~400 s on the fleet. The notification now runs in its own thread, outside the lock.
+# 5. Before it starts, horovodrun checks ssh to every host with a fixed ConnectTimeout of 10 s
+#    (SSH_CONNECT_TIMEOUT_S in runner/launch.py). An NB-IoT device is ~12 s of round trip from
+#    the launcher, so not even TCP can connect in time, and horovodrun stopped with "could not
+#    connect to some hosts via ssh" (on the fleet, 2026-11-27). The check now waits
+#    GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS when that is set (10 otherwise); `fleet run` sets it.
 sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
 grep -q 'xla_mpi_ops' "$src/horovod/tensorflow/CMakeLists.txt" && { log "could not drop xla_mpi_ops.cc"; exit 1; }
 perl -0pi -e 's/(GlooContext::InitializeForProcessSet.*?)(\n([ \t]*)device_attr\.iface = gloo_iface_;)/$1\n$3gloo_iface_ = global_context.gloo_iface_;$2/s' \
@@ -57,6 +62,10 @@ perl -0pi -e 's/(\n([ \t]*)timestamp = _epoch_time_s\(\)\n)[ \t]*try:\n([ \t]*co
   "$src/horovod/runner/elastic/driver.py"
 [[ $(grep -c '_notify_coordinator' "$src/horovod/runner/elastic/driver.py") == 2 ]] \
   || { log "could not move the host-change notification out of the driver's lock"; exit 1; }
+perl -pi -e 's/^SSH_CONNECT_TIMEOUT_S = 10$/SSH_CONNECT_TIMEOUT_S = int(os.environ.get("GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS", "10"))/' \
+  "$src/horovod/runner/launch.py"
+[[ $(grep -c 'GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS' "$src/horovod/runner/launch.py") == 1 ]] \
+  || { log "could not make horovodrun's ssh check timeout settable"; exit 1; }
 # Written only once every edit is verified: `globaldl doctor` reads it on every device, since
 # the compiled library cannot show whether the interface fix went in.
 cat >"$src/horovod/globaldl_patches.py" <<'PY'
@@ -67,6 +76,7 @@ APPLIED = (
     "gloo-process-set-interface",
     "gloo-rendezvous-join-timeout",
     "elastic-notify-outside-lock",
+    "ssh-check-connect-timeout",
 )
 PY
 

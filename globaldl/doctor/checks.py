@@ -16,11 +16,15 @@ CLOCK_SKEW_WARN_SECONDS = 0.5
 # Below this much headroom over the need, the kernel may start killing at the first big batch.
 MEMORY_HEADROOM = 1.25
 REQUIRED_PATCH = horovod_edits.INTERFACE_FIX
-# Without them an elastic run waits long for a vanished device: after the long join timeout,
-# or ~400 s when the device held rank 0.
-ELASTIC_PATCHES = {
-    horovod_edits.JOIN_TIMEOUT: "notices a vanished device only after the join timeout",
-    horovod_edits.NOTIFY_OUTSIDE_LOCK: "stalls ~400 s when rank 0's device vanishes",
+# Without them Horovod still trains, but an elastic run waits long for a vanished device (after
+# the long join timeout, or ~400 s when the device held rank 0), and horovodrun started on the
+# device cannot reach peers more than 10 s of round trip away.
+LATER_PATCHES = {
+    horovod_edits.JOIN_TIMEOUT: "an elastic run notices a vanished device only after the join "
+    "timeout",
+    horovod_edits.NOTIFY_OUTSIDE_LOCK: "an elastic run stalls ~400 s when rank 0's device vanishes",
+    horovod_edits.SSH_CONNECT_TIMEOUT: "horovodrun gives up on hosts over 10 s of round trip "
+    "away (NB-IoT)",
 }
 VERSION_KEYS = ("python", "tensorflow", "horovod", "globaldl")
 
@@ -133,14 +137,14 @@ def _horovod(probe: DeviceProbe) -> Check:
             "Horovod lacks the Gloo interface fix (process sets fall back to the host name); "
             "install the wheel of scripts/build-horovod.sh",
         )
-    missing = [name for name in ELASTIC_PATCHES if name not in facts.get("patches", [])]
+    missing = [name for name in LATER_PATCHES if name not in facts.get("patches", [])]
     if missing:
         return Check(
             "horovod",
             Verdict.WARN,
             "old build",
             "Horovod lacks "
-            + "; ".join(f"{name} (an elastic run {ELASTIC_PATCHES[name]})" for name in missing)
+            + "; ".join(f"{name} ({LATER_PATCHES[name]})" for name in missing)
             + "; install the wheel of scripts/build-horovod.sh",
         )
     return Check("horovod", Verdict.OK, "gloo+fix")

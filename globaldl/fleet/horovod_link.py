@@ -13,6 +13,11 @@ device sends 2(N-1)/N of them through the narrowest link on any device-to-device
 globaldl sends fewer bytes per rank than that in any single round (a round of an allgather
 carries one rank's compressed payload), so a timeout sized for the dense exchange also covers
 every single wait of a compressed one.
+
+horovodrun itself first checks ssh to every device with a fixed 10 s ConnectTimeout, shorter
+than one NB-IoT round trip; globaldl's build of Horovod reads that timeout from
+GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS (scripts/build-horovod.sh, edit 5), which `fleet run` sets
+from the devices' round trip to this host, or refuses to launch when that Horovod lacks the edit.
 """
 
 from __future__ import annotations
@@ -22,15 +27,19 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from globaldl import horovod_edits
 from globaldl.fleet.cycle_time import auto_cycle_time_ms
 from globaldl.fleet.launcher import REACH_TIMEOUT_SECONDS
 from globaldl.fleet.paths import HOST, fleet_path
 from globaldl.fleet.shaping import ETHERNET_FRAME_BYTES, LinkDirection
+from globaldl.fleet.sshd import connect_timeout_seconds
 from globaldl.fleet.state import FleetState
 
 GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 CYCLE_TIME_ENV = "HOROVOD_CYCLE_TIME"
 HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS = 30
+SSH_CONNECT_TIMEOUT_ENV = "GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS"
+HOROVOD_SSH_CONNECT_TIMEOUT_SECONDS = 10  # runner/launch.py's SSH_CONNECT_TIMEOUT_S
 # Headroom over the estimate: TCP restarts slow start after an idle step, and a device may
 # still be computing when its peers are already waiting for it.
 SAFETY_FACTOR = 3.0
@@ -111,15 +120,17 @@ class HorovodLinkSettings:
     gloo_timeout_seconds: int
     start_timeout_seconds: int
     reach_timeout_seconds: float
+    ssh_connect_timeout_seconds: int
     dense_gradient_bytes: int | None
     dense_exchange_seconds: float | None
     notes: tuple[str, ...]
 
     def environment(self) -> dict[str, str]:
-        """The variables horovodrun forwards to every worker."""
+        """The variables of horovodrun's own ssh check and those it forwards to every worker."""
         return {
             CYCLE_TIME_ENV: f"{self.cycle_time_ms:g}",
             GLOO_TIMEOUT_ENV: str(self.gloo_timeout_seconds),
+            SSH_CONNECT_TIMEOUT_ENV: str(self.ssh_connect_timeout_seconds),
         }
 
 
@@ -132,6 +143,7 @@ def horovod_link_settings(
     start_timeout_seconds: int | None,
     default_start_timeout_seconds: int,
     run_timeout_seconds: float,
+    horovod_edits_installed: Sequence[str],
 ) -> HorovodLinkSettings:
     """Cycle time and timeouts for the budget; LinkBudgetError where the user's own can't hold.
 
@@ -200,16 +212,55 @@ def horovod_link_settings(
             f"({START_ROUND_TRIPS} round trips of {budget.worst_host_round_trip_ms:.0f} ms to the "
             "host)"
         )
+    ssh_timeout = _ssh_connect_timeout(budget, environ, horovod_edits_installed, notes)
     return HorovodLinkSettings(
         cycle_time_ms=cycle_time,
         gloo_timeout_seconds=gloo_timeout,
         start_timeout_seconds=start_timeout,
         # A TCP connect to each device's sshd: one round trip, and SYN retries on slow links.
         reach_timeout_seconds=REACH_TIMEOUT_SECONDS + 2 * budget.worst_host_round_trip_ms / 1000,
+        ssh_connect_timeout_seconds=ssh_timeout,
         dense_gradient_bytes=dense_gradient_bytes,
         dense_exchange_seconds=exchange,
         notes=tuple(notes),
     )
+
+
+def _ssh_connect_timeout(
+    budget: LinkBudget, environ: Mapping[str, str], installed: Sequence[str], notes: list[str]
+) -> int:
+    """The timeout of horovodrun's ssh check: the user's, else 10 s or what the link needs.
+
+    LinkBudgetError when the link needs more and the installed Horovod cannot be told so.
+    """
+    needed = max(
+        HOROVOD_SSH_CONNECT_TIMEOUT_SECONDS,
+        connect_timeout_seconds(budget.worst_host_round_trip_ms),
+    )
+    if SSH_CONNECT_TIMEOUT_ENV in environ:
+        timeout = _positive_int(SSH_CONNECT_TIMEOUT_ENV, environ[SSH_CONNECT_TIMEOUT_ENV])
+        notes.append(f"{SSH_CONNECT_TIMEOUT_ENV}={timeout} as set ({needed} s suggested)")
+    elif needed == HOROVOD_SSH_CONNECT_TIMEOUT_SECONDS:
+        return needed
+    else:
+        timeout = needed
+        notes.append(
+            f"{SSH_CONNECT_TIMEOUT_ENV}={timeout} for horovodrun's ssh check (Horovod's own "
+            f"{HOROVOD_SSH_CONNECT_TIMEOUT_SECONDS} s is less than 3 s and two round trips of "
+            f"{budget.worst_host_round_trip_ms:.0f} ms to the host)"
+        )
+    if timeout > HOROVOD_SSH_CONNECT_TIMEOUT_SECONDS and (
+        horovod_edits.SSH_CONNECT_TIMEOUT not in installed
+    ):
+        raise LinkBudgetError(
+            "horovodrun checks ssh to every device within "
+            f"{HOROVOD_SSH_CONNECT_TIMEOUT_SECONDS} s, and a device is "
+            f"{budget.worst_host_round_trip_ms:.0f} ms of round trip from this host ({needed} s "
+            "needed); this Horovod lacks the edit that makes the wait "
+            f"settable ({horovod_edits.SSH_CONNECT_TIMEOUT}): install the wheel of "
+            "scripts/build-horovod.sh (`make setup`)"
+        )
+    return timeout
 
 
 def _positive_int(name: str, text: str) -> int:

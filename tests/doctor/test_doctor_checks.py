@@ -32,6 +32,7 @@ def healthy(host: str, **changes: object) -> DeviceProbe:
             "gloo-process-set-interface",
             "gloo-rendezvous-join-timeout",
             "elastic-notify-outside-lock",
+            "ssh-check-connect-timeout",
         ],
     }
     facts.update(changes)
@@ -96,11 +97,12 @@ def test_each_broken_fact_fails_its_check(changes: dict, check: str) -> None:
     assert verdicts([healthy("a", **changes)])["a"][check] is Verdict.FAIL
 
 
-def test_horovod_without_the_elastic_edits_only_warns_naming_what_is_missing() -> None:
+def test_horovod_without_the_later_edits_only_warns_naming_what_is_missing() -> None:
     probe = healthy("a", patches=["drop-xla-mpi-ops", "gloo-process-set-interface"])
     assert verdicts([probe])["a"]["horovod"] is Verdict.WARN
     text = render(evaluate([probe], NEED))
     assert "gloo-rendezvous-join-timeout" in text and "elastic-notify-outside-lock" in text
+    assert "ssh-check-connect-timeout (horovodrun gives up on hosts over 10 s" in text
 
 
 def test_clock_skew_and_tight_memory_only_warn() -> None:

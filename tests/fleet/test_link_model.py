@@ -5,6 +5,7 @@ No root needed: these build plans and fleet states in memory.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -213,6 +214,7 @@ def _settings(budget, **overrides):
         "start_timeout_seconds": None,
         "default_start_timeout_seconds": 60,
         "run_timeout_seconds": 3600,
+        "horovod_edits_installed": ("ssh-check-connect-timeout",),
     }
     return horovod_link_settings(budget, **{**options, **overrides})
 
@@ -240,6 +242,40 @@ def test_nb_iot_dense_lenet_gets_timeouts_covering_minutes_per_exchange(profiles
     )
 
 
+def test_horovodruns_ssh_check_waits_for_an_nb_iot_round_trip_or_the_run_is_refused(profiles):
+    fast = _settings(link_budget(*_budget_args(_state(profiles["lte"], devices=2))))
+    assert fast.environment()["GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS"] == "10"  # Horovod's own
+    nb_iot = link_budget(*_budget_args(_state(profiles["nb-iot"], devices=2)))
+    # Two round trips of ~12 s to the host and 3 s: Horovod's fixed 10 s cannot even connect.
+    assert nb_iot.worst_host_round_trip_ms > 10_000
+    settings = _settings(nb_iot)
+    assert settings.ssh_connect_timeout_seconds == 3 + math.ceil(
+        2 * nb_iot.worst_host_round_trip_ms / 1000
+    )
+    assert settings.environment()["GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS"] == str(
+        settings.ssh_connect_timeout_seconds
+    )
+    assert any("for horovodrun's ssh check" in note for note in settings.notes)
+    # A user's own value is kept, and a Horovod without the edit cannot honour any longer wait.
+    kept = _settings(nb_iot, environ={"GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS": "60"})
+    assert kept.ssh_connect_timeout_seconds == 60
+    with pytest.raises(LinkBudgetError, match="lacks the edit .*ssh-check-connect-timeout"):
+        _settings(nb_iot, horovod_edits_installed=("gloo-process-set-interface",))
+    assert (
+        _settings(
+            link_budget(*_budget_args(_state(profiles["lte"], devices=2))),
+            horovod_edits_installed=(),
+        ).ssh_connect_timeout_seconds
+        == 10
+    )
+    with pytest.raises(ValueError, match="GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS must be a whole"):
+        _settings(nb_iot, environ={"GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS": "soon"})
+
+
+def _budget_args(state):
+    return state, [device.name for device in state.devices]
+
+
 def test_a_gloo_timeout_too_short_for_a_dense_exchange_is_refused_with_the_numbers(profiles):
     state = _state(profiles["nb-iot"], devices=4)
     budget = link_budget(state, [d.name for d in state.devices])
@@ -249,7 +285,8 @@ def test_a_gloo_timeout_too_short_for_a_dense_exchange_is_refused_with_the_numbe
         _settings(budget, environ={"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"})
     assert "246,824 gradient bytes across 4 devices takes ~" in str(raised.value)
     kept = _settings(budget, environ={"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"}, compressed=True)
-    assert kept.gloo_timeout_seconds == 30 and "kept, as compressed" in kept.notes[-2]
+    assert kept.gloo_timeout_seconds == 30
+    assert any("kept, as compressed" in note for note in kept.notes)
     with pytest.raises(LinkBudgetError, match="longer than the run may last"):
         _settings(budget, run_timeout_seconds=60)
     with pytest.raises(ValueError, match="HOROVOD_CYCLE_TIME must be a number"):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from globaldl import horovod_edits
 from globaldl.cli.errors import user_errors
 from globaldl.cli.fleet._common import StateDir, app, echo_err
 from globaldl.fleet import launcher
@@ -226,6 +227,7 @@ def _link_settings(
         start_timeout_seconds=start_timeout_seconds,
         default_start_timeout_seconds=launcher.DEFAULT_START_TIMEOUT_SECONDS,
         run_timeout_seconds=run_timeout_seconds,
+        horovod_edits_installed=horovod_edits.installed(),
     )
 
 
