@@ -89,6 +89,20 @@ def steady_tx_bytes_per_step(result: RunResult) -> float | None:
     return sum(known) / len(known) if len(known) == result.spec.fleet.devices else None
 
 
+def beyond_model_tx_bytes_per_second(
+    steady_bytes: float | None, model_bytes: float | None, step_seconds: float | None
+) -> float | None:
+    """What a device sent per second of steady step beyond its collectives' gradient payload.
+
+    Frame headers, Horovod's coordination (it runs every cycle, so its bytes per step grow
+    with the step's length) and the scrapes' headers. Nearly the same figure across codecs
+    and fleet sizes says the excess follows time, not devices; None when a part is unknown.
+    """
+    if steady_bytes is None or model_bytes is None or not step_seconds:
+        return None
+    return (steady_bytes - model_bytes) / step_seconds
+
+
 class ScalingExperiment(Experiment):
     """Per-device traffic, step time and accuracy against devices, for every exchange mode."""
 
@@ -104,6 +118,7 @@ class ScalingExperiment(Experiment):
         "steady_tx_bytes_per_step",
         "device_tx_bytes_per_step",
         "device_tx_bytes_per_step_model",
+        "beyond_model_tx_bytes_per_second",
         "traffic_ratio_vs_dense",
         "steady_step_seconds",
         "seconds_to_target",
@@ -228,6 +243,11 @@ class ScalingExperiment(Experiment):
                 traffic = summary.get("traffic", {})
                 row["device_tx_bytes_per_step_model"] = traffic.get(
                     "device_tx_bytes_per_step_model"
+                )
+                row["beyond_model_tx_bytes_per_second"] = beyond_model_tx_bytes_per_second(
+                    row[TRAFFIC],
+                    number_or_none(row["device_tx_bytes_per_step_model"]),
+                    number_or_none(row["steady_step_seconds"]),
                 )
                 row["seconds_to_target"] = seconds_or_not_reached(
                     time_to_target(summary.get("history", []), self.workload.target_accuracy)
@@ -423,6 +443,10 @@ class ScalingExperiment(Experiment):
             "the whole run (the fleet's counters, broadcast included); "
             "`device_tx_bytes_per_step_model` is what the collectives' algorithms send for the "
             "gradients alone (run summary `traffic`; for the hierarchy, a site leader's); "
+            "`beyond_model_tx_bytes_per_second` is the steady bytes less that model, per "
+            "second of steady step (frame headers and Horovod's coordination, which runs "
+            "every cycle: it adds bytes per step as steps lengthen, and steps lengthen with N "
+            "here because the fleet shares 2 cores); "
             "`traffic_ratio_vs_dense` divides dense Horovod's steady bytes on the same "
             "fleet by the run's. `collectives_per_step` and `combine` come from the run "
             "summary's `exchange` (the compressor's wire declaration). Target accuracy "

@@ -100,6 +100,7 @@ def test_scaling_targets_are_met_by_flat_summed_traffic_and_a_faster_hierarchy(
     assert row["traffic_ratio_vs_dense"] == 500_000 / 4_016
     assert row[TRAFFIC] == 4_016 and row["device_tx_bytes_per_step"] == 4_016 + 200_000
     assert row["steady_step_seconds"] == 3.0
+    assert row["beyond_model_tx_bytes_per_second"] == (4_016 - 1.0) / 3.0
 
 
 def test_scaling_traffic_is_unknown_unless_every_device_was_scraped(tmp_path: Path) -> None:
@@ -118,6 +119,8 @@ def test_scaling_traffic_is_unknown_unless_every_device_was_scraped(tmp_path: Pa
     rows = {row["label"]: row for row in report.rows}
     assert rows["dense-n4"][TRAFFIC] == 4_000
     assert rows["shared-topk_intsum-n4"][TRAFFIC] is None
+    assert rows["shared-topk_intsum-n4"]["beyond_model_tx_bytes_per_second"] is None
+    assert rows["dense-n4"]["beyond_model_tx_bytes_per_second"] == 4_000 - 1.0
     flat = [check for check in report.targets if "within" in check.goal and "x of" in check.goal]
     assert flat and all(c.measured == "missing runs" and c.met is None for c in flat)
 
