@@ -246,7 +246,7 @@ def _ssh_connect_timeout(
         timeout = needed
         notes.append(
             f"{SSH_CONNECT_TIMEOUT_ENV}={timeout} for horovodrun's ssh check (Horovod's own "
-            f"{HOROVOD_SSH_CONNECT_TIMEOUT_SECONDS} s is less than 3 s and two round trips of "
+            f"{HOROVOD_SSH_CONNECT_TIMEOUT_SECONDS} s is less than 3 s plus two round trips of "
             f"{budget.worst_host_round_trip_ms:.0f} ms to the host)"
         )
     if timeout > HOROVOD_SSH_CONNECT_TIMEOUT_SECONDS and (
