@@ -64,11 +64,12 @@ FLEET_CPU_CORES = 2.0
 """Every fleet shares the reference machine's 2 cores evenly (1 core each at 2 devices, 1/8 at
 16): the comparison is about the network, and small fleets then start and step quickly."""
 EPOCHS = 2
-EXPECTED_MINUTES = 170
-"""One repeat on 2 cores (28 runs): the 2-device runs took 24 minutes together and the 4-device
-runs 5-7 minutes each (single runs of repeat 1, 2026-11-27, `globaldl experiment scaling
---repeats 3 --busy rerun --max-reruns 1 --resume`); the 8- and 16-device runs are estimated at
-6-8 minutes each (start-up at 1/4-1/8 core plus 60 or 30 steps of 3-8 s on lte)."""
+EXPECTED_MINUTES = 200
+"""One repeat on 2 cores (28 runs), from repeat 1's single runs of 2026-11-27 (`globaldl
+experiment scaling --repeats 3 --busy rerun --max-reruns 1 --resume`): the 2-device runs took
+24 minutes together, the 4-device runs 5-9 minutes each, the 8-device runs 6-11 minutes and the
+16-device runs about 10 (run times 565-575 s plus the fleet's start); the four 16-device site
+runs are estimated at 10 minutes each."""
 FLAT_BYTES_FACTOR = 1.3
 LESS_TRAFFIC_FACTOR = 50.0
 ACCURACY_POINTS = 0.005
@@ -451,7 +452,7 @@ class ScalingExperiment(Experiment):
             "fleet by the run's. `collectives_per_step` and `combine` come from the run "
             "summary's `exchange` (the compressor's wire declaration). Target accuracy "
             f"{self.workload.target_accuracy:g}. One repeat takes about {EXPECTED_MINUTES} "
-            "minutes on 2 cores (2 and 4 devices measured, 8 and 16 estimated; "
+            "minutes on 2 cores (repeat 1's runs measured, the site runs estimated; "
             "`--dry-run` gives the time from the runs recorded)."
         )
 
