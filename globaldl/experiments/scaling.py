@@ -68,7 +68,7 @@ EXPECTED_MINUTES = 200
 """One repeat on 2 cores (28 runs), from repeat 1's single runs of 2026-11-27 (`globaldl
 experiment scaling --repeats 3 --busy rerun --max-reruns 1 --resume`): the 2-device runs took
 24 minutes together, the 4-device runs 5-9 minutes each, the 8-device runs 6-11 minutes and the
-16-device runs about 10 (run times 565-575 s plus the fleet's start); the four 16-device site
+16-device runs about 10 (run times 533-575 s plus the fleet's start); the four 16-device site
 runs are estimated at 10 minutes each."""
 FLAT_BYTES_FACTOR = 1.3
 LESS_TRAFFIC_FACTOR = 50.0
