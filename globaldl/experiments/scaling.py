@@ -248,7 +248,7 @@ class ScalingExperiment(Experiment):
                 row["beyond_model_tx_bytes_per_second"] = beyond_model_tx_bytes_per_second(
                     row[TRAFFIC],
                     number_or_none(row["device_tx_bytes_per_step_model"]),
-                    number_or_none(row["steady_step_seconds"]),
+                    row["steady_step_seconds"],
                 )
                 row["seconds_to_target"] = seconds_or_not_reached(
                     time_to_target(summary.get("history", []), self.workload.target_accuracy)

@@ -179,8 +179,10 @@ def check_reachable(
 ) -> None:
     """Open a TCP connection to every device's sshd, waiting at most `timeout_seconds` each.
 
-    horovodrun's own ssh check waits as long as TCP retries (minutes) for a device whose link
-    is down; this fails first, naming the device. Raises UnreachableDeviceError.
+    horovodrun's own ssh check tries every device five times, each for its connect timeout
+    (GLOBALDL_SSH_CONNECT_TIMEOUT_SECONDS, which `fleet run` sets from the link): minutes on
+    slow links for a device whose link is down; this fails first, naming the device and what to
+    do. Raises UnreachableDeviceError.
     """
     for device in devices:
         try:
