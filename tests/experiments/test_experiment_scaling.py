@@ -145,3 +145,15 @@ def test_scaling_targets_are_not_met_when_bytes_grow_accuracy_drops_or_sites_do_
     assert len(sites) == 2 and all(
         c.measured.startswith("0.500x (4.00 s vs 2.00 s") for c in sites
     ), sites
+
+
+def test_a_report_rebuilds_scaling_from_its_recorded_options() -> None:
+    """The results record `workload: lenet` (a name); the report keeps the Workload default
+    rather than handing the constructor a string, and the rebuilt plan is the one run."""
+    from globaldl.cli.experiment.report import recorded_options
+
+    experiment = ScalingExperiment(epochs=3, device_counts=(2, 4))
+    options = recorded_options("scaling", {"experiment": experiment.get_config()})
+    assert "workload" not in options and options["epochs"] == 3
+    rebuilt = ScalingExperiment(**options, device_counts=(2, 4))
+    assert [spec.label for spec in rebuilt.plan()] == [spec.label for spec in experiment.plan()]

@@ -79,5 +79,18 @@ def recorded_options(name: str, document: dict[str, Any]) -> dict[str, Any]:
         for key, value in recorded.items()
         if key in accepted
         and key != "quick"
-        and (value is None or isinstance(value, str | int | float | bool))
+        and _plain(accepted[key].default)
+        and (value is None or isinstance(value, PLAIN))
     }
+
+
+PLAIN = (str, int, float, bool)
+
+
+def _plain(default: Any) -> bool:
+    """Whether a parameter takes plain values (text, numbers, flags, None by default).
+
+    A recorded `workload: lenet` is a name, not the Workload object the constructor expects,
+    so such options keep their default.
+    """
+    return default is inspect.Parameter.empty or default is None or isinstance(default, PLAIN)
