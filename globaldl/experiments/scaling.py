@@ -65,12 +65,12 @@ FLEET_CPU_CORES = 2.0
 """Every fleet shares the reference machine's 2 cores evenly (1 core each at 2 devices, 1/8 at
 16): the comparison is about the network, and small fleets then start and step quickly."""
 EPOCHS = 2
-EXPECTED_MINUTES = 200
+EXPECTED_MINUTES = 215
 """One repeat on 2 cores (28 runs), from repeat 1's single runs of 2026-11-27 (`globaldl
-experiment scaling --repeats 3 --busy rerun --max-reruns 1 --resume`): the 2-device runs took
-24 minutes together, the 4-device runs 5-9 minutes each, the 8-device runs 6-11 minutes and the
-16-device runs about 10 (run times 533-575 s plus the fleet's start); the four 16-device site
-runs are estimated at 10 minutes each."""
+experiment scaling --repeats 3 --busy rerun --max-reruns 1 --resume`): 206 minutes of runs plus
+five fleet starts. The 2-device runs took 24 minutes together, the 4-device runs 5-9 minutes
+each, the 8-device runs 6-11 minutes, the 16-device runs 9-13 minutes (run times 513-803 s:
+PowerSGD and the site hierarchy the longest)."""
 FLAT_BYTES_FACTOR = 1.3
 LESS_TRAFFIC_FACTOR = 50.0
 ACCURACY_POINTS = 0.005
@@ -455,7 +455,7 @@ class ScalingExperiment(Experiment):
             "fleet by the run's. `collectives_per_step` and `combine` come from the run "
             "summary's `exchange` (the compressor's wire declaration). Target accuracy "
             f"{self.workload.target_accuracy:g}. One repeat takes about {EXPECTED_MINUTES} "
-            "minutes on 2 cores (repeat 1's runs measured, the site runs estimated; "
+            "minutes on 2 cores (repeat 1's runs measured; "
             "`--dry-run` gives the time from the runs recorded)."
         )
 
