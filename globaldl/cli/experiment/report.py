@@ -62,6 +62,10 @@ def report(
     print_report(written)
 
 
+PLAIN = (str, int, float, bool)
+"""The option values a results document records that a constructor takes as they are."""
+
+
 def recorded_options(name: str, document: dict[str, Any]) -> dict[str, Any]:
     """The plain options (text, numbers, flags) of the experiment a results document recorded.
 
@@ -82,9 +86,6 @@ def recorded_options(name: str, document: dict[str, Any]) -> dict[str, Any]:
         and _plain(accepted[key].default)
         and (value is None or isinstance(value, PLAIN))
     }
-
-
-PLAIN = (str, int, float, bool)
 
 
 def _plain(default: Any) -> bool:
