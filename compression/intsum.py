@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from globaldl.compression.base import check_range, check_type
+from globaldl.compression.lanes import MAX_LANE_BITS, MIN_LANE_BITS, max_ranks
 from globaldl.compression.quantizer import QUANTIZERS, Quantizer
-from globaldl.compression.summable import LaneSum, max_ranks
-
-MIN_LANE_BITS, MAX_LANE_BITS = 2, 16
+from globaldl.compression.summable import LaneSum
 
 
 @QUANTIZERS.register

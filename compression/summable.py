@@ -35,12 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-WORD_TYPES: tuple[tuple[str, int, int], ...] = (
-    ("uint8", 8, 8),  # unsigned: all 8 bits hold lanes (sums wrap modulo 256; ours never reach it)
-    ("int32", 31, 32),  # signed: the top bit stays clear
-    ("int64", 63, 64),
-)
-"""(dtype, bits that may hold lanes, bits per word) of the integer types Horovod sums."""
+from globaldl.compression.lanes import lane_word, levels_for
 
 SCALE_RANGE = 3
 """R: a scale moves by at most 2**R (8x) per step; 2R + 1 counter lanes per group."""
@@ -50,35 +45,6 @@ INITIAL_RANGE = 2.0**-4
 gradient's largest entry); the controller corrects it by up to 8x per step."""
 
 SMALLEST_SCALE, LARGEST_SCALE = 2.0**-100, 2.0**100
-
-
-def lane_word(lane_bits: int) -> tuple[str, int]:
-    """The word dtype carrying lanes of ``lane_bits`` in the fewest bytes, and lanes per word."""
-    options = [
-        (word_bits / (usable // lane_bits), word_bits, name, usable // lane_bits)
-        for name, usable, word_bits in WORD_TYPES
-        if usable // lane_bits >= 1
-    ]
-    if not options:
-        raise ValueError(f"sum_bits={lane_bits} does not fit any summable integer word")
-    _, _, name, lanes = min(options)
-    return name, lanes
-
-
-def max_ranks(lane_bits: int) -> int:
-    """The most ranks lanes of ``lane_bits`` can sum: each rank needs at least L = 1."""
-    return (2**lane_bits - 1) // 2
-
-
-def levels_for(lane_bits: int, num_ranks: int) -> int:
-    """L: codes per rank lie in [-L, L], so that N ranks' codes sum below 2**lane_bits."""
-    if not 1 <= num_ranks <= max_ranks(lane_bits):
-        raise ValueError(
-            f"{num_ranks} ranks cannot sum {lane_bits}-bit lanes without overflow; "
-            f"sum_bits={lane_bits} supports 1..{max_ranks(lane_bits)} ranks "
-            f"(sum_bits 12 supports {max_ranks(12)}, 16 supports {max_ranks(16)})"
-        )
-    return (2**lane_bits - 1) // (2 * num_ranks)
 
 
 class DecodedSum(NamedTuple):

@@ -602,7 +602,7 @@ class Trainer:
         )
 
     def _exchange_summary(self) -> dict[str, Any]:
-        """Which collective ran, read from the compressor's wire declaration.
+        """Which collective ran, read from the compressor's wire declaration (`wire`).
 
         In rounds (`--sync-every` > 1) `collectives_per_step` counts one exchange's payload
         collectives, which run once per round, not once per local step;
@@ -613,6 +613,7 @@ class Trainer:
             "combine": self.wire_spec.combine.value,
             "collectives_per_step": payload_collectives,
             "hierarchy": self.settings.hierarchy,
+            "wire": self.wire_spec.describe(),
             "horovod_started_unix_seconds": self.exchange.started_unix_seconds,
         }
         if self.rounds is not None:

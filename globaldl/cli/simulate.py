@@ -83,7 +83,10 @@ def project(
     target_accuracy: float = typer.Option(0.9, help="validation accuracy to reach"),
     steps: int = typer.Option(100, help="steps to simulate at most (fewer once steady)"),
     gloo_timeout_seconds: float = typer.Option(30.0, help="HOROVOD_GLOO_TIMEOUT_SECONDS"),
-    modes: str = typer.Option("dense,fp16-sum,gather,hierarchical,local", help="exchange modes"),
+    modes: str = typer.Option(
+        "dense,fp16-sum,gather,sparse-sum,hierarchical,local",
+        help="exchange modes (sparse-sum: shared top-k 1% + integer sums, as the fleet ran it)",
+    ),
     name: str = typer.Option("", help="output name (default: derived from model and mix)"),
     parameters_file: Annotated[
         Path | None, typer.Option(help="calibration JSON (default: the committed one)")

@@ -121,6 +121,16 @@ def observation_fleet(observation: Observation) -> Fleet:
     return Fleet(devices, sites, host_cores=observation.host_cores)
 
 
+def _exchange_name(observation: Observation) -> str:
+    """`sum`, `gather`, `sum x2` (two summed rounds), `sum, sites` (the hierarchy)."""
+    name = observation.combine
+    if observation.rounds > 1:
+        name += f" x{observation.rounds}"
+    if observation.hierarchy != "none":
+        name += f", {observation.hierarchy}"
+    return name
+
+
 def observation_mode(observation: Observation) -> ExchangeMode:
     """The exchange a run used: its collective, hierarchy and local steps."""
     return ExchangeMode(
@@ -129,6 +139,7 @@ def observation_mode(observation: Observation) -> ExchangeMode:
         hierarchy=observation.hierarchy,
         local_steps=observation.local_steps,
         overlap=observation.overlap,
+        rounds=observation.rounds,
     )
 
 
@@ -295,7 +306,7 @@ def evaluate(
                 "role": _role(item, fit_on),
                 "model": item.model,
                 "codec": item.codec,
-                "exchange": item.combine,
+                "exchange": _exchange_name(item),
                 "devices": item.ranks,
                 "cpu_cores": "/".join(f"{share:g}" for share in sorted(set(item.cpu_cores))),
                 "link": item.profile.name,

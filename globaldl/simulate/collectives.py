@@ -190,6 +190,24 @@ class Collective:
         """Messages each rank handles in one collective."""
         return sum(stage.hops for stage in self.stages) + self.broadcast_rounds
 
+    def operations(self) -> list[Collective]:
+        """The Horovod operations it runs one after the other, each on the one before's result.
+
+        A flat ring is one. The hierarchy is three (`--hierarchy sites`): the sum in each site,
+        the sum among the site leaders, the broadcast back into each site; each runs on its own
+        process set and its tensors exist only once the one before has finished, so each
+        waits for a coordination cycle of its own.
+        """
+        if len(self.stages) <= 1 and not np.any(self.broadcast_rounds):
+            return [self]
+        ranks = len(self.leader)
+        identity, none = np.arange(ranks), np.zeros(ranks)
+        rings = [Collective([stage], identity, none, none) for stage in self.stages]
+        return [
+            *rings,
+            Collective([], self.leader, self.broadcast_rounds, self.broadcast_round_seconds),
+        ]
+
     def finish(
         self, start_seconds: np.ndarray, message_cpu_seconds: np.ndarray, rng: np.random.Generator
     ) -> tuple[np.ndarray, float]:

@@ -13,7 +13,13 @@ Horovod's `gloo_controller.cc`, `response_cache.cc`); rank r sends to rank r-1:
   rank N-1 down to rank 0 (reduce-scatter), then N-1 from rank 0 to N-1 and down to rank 1
   (allgather). See `globaldl.simulate.steps` for its timing.
 - hierarchical (sum over sites): ring allreduce inside each site, ring allreduce of one leader
-  per site across the WAN, broadcast inside each site (a binomial tree).
+  per site across the WAN, broadcast inside each site (a binomial tree): three Horovod
+  operations on their process sets, each on the one before's result, so each after a
+  coordination cycle of its own (see `globaldl.simulate.steps`). Horovod coordinates every
+  process set in every cycle; the simulator's cycle is the global set's chain alone (a site's
+  chain crosses only its LAN; the leaders' chain, 2(S-1) WAN messages, is not simulated).
+- several summed rounds (PowerSGD: P, then Q): one collective each, in order, each after a
+  coordination cycle; the payload split evenly between them.
 - local steps: one exchange every H steps; with overlap it runs behind the next round.
 
 Gloo's TCP transport is a rendezvous (`transport/tcp/pair.cc`): a send leaves only once the
@@ -52,13 +58,19 @@ HIERARCHIES = ("none", "sites")
 
 @dataclass(frozen=True)
 class ExchangeMode:
-    """How gradients cross the network: the collective, the hierarchy, and local steps."""
+    """How gradients cross the network: the collective, the hierarchy, and local steps.
+
+    `rounds`: collectives one exchange runs one after the other, each on the sum of the one
+    before, so each waits for a coordination cycle of its own (PowerSGD: P, then Q); the
+    payload is split evenly between them.
+    """
 
     name: str
     combine: str = "sum"
     hierarchy: str = "none"
     local_steps: int = 1
     overlap: bool = False
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         if self.combine not in COMBINES:
@@ -69,6 +81,10 @@ class ExchangeMode:
             raise ValueError("the hierarchical exchange needs a summable payload (combine='sum')")
         if not isinstance(self.local_steps, int) or self.local_steps < 1:
             raise ValueError(f"local_steps must be an integer >= 1, got {self.local_steps!r}")
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1, got {self.rounds!r}")
+        if self.rounds > 1 and self.combine != "sum":
+            raise ValueError("rounds > 1 are summed collectives (combine='sum')")
 
 
 @dataclass(frozen=True)
@@ -125,11 +141,15 @@ def site_groups(fleet: Fleet, mode: ExchangeMode) -> list[list[int]]:
 
 
 def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> NetworkPlan:
-    """The message phases `mode` needs for `payload_bytes` per device on `fleet`."""
+    """The message phases `mode` needs for `payload_bytes` per device on `fleet`.
+
+    With several rounds every round's collective moves its even share of the payload.
+    """
     plan = NetworkPlan(fleet)
     ranks = list(range(fleet.size))
     if fleet.size < 2:
         return plan
+    payload_bytes = payload_bytes / mode.rounds
     plan.phases["chain"] = ring_order_phase(ranks, COORDINATION_MESSAGE_BYTES)
     groups = site_groups(fleet, mode)
     if len(groups) > 1:

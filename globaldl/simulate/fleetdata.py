@@ -53,7 +53,8 @@ EXCHANGE_PHASE = "exchange"
 # Phases whose work grows with the local batch; compress, decompress and apply depend on the
 # model's size only.
 BATCH_PHASES = ("data_load", "compute")
-# Codecs whose payloads Horovod sums with allreduce; every other codec is gathered.
+# Before summaries recorded the codec's wire declaration (`exchange`), only these summed: no
+# pruning and one of these quantizers; every other codec was gathered.
 SUMMABLE_QUANTIZERS = ("none", "fp16")
 
 
@@ -95,6 +96,13 @@ class Observation:
     local_steps: int = 1
     overlap: bool = False
     hierarchy: str = "none"
+    # Summed payloads: the collectives one exchange runs one after the other, each on the sum
+    # of the one before (PowerSGD: its P factors, then its Q factors); the payload is split
+    # evenly between them.
+    rounds: int = 1
+    # Integer sums (`--quantize intsum`): the lanes' width, which fixes how many ranks they can
+    # sum (0: not an integer sum).
+    lane_bits: int = 0
 
     @property
     def key(self) -> str:
@@ -220,12 +228,52 @@ def steady_step_in_rounds(
 
 
 def _codec(compression: dict[str, Any]) -> str:
+    """A run's codec as its flags name it: `topk0.01+int8`, `powersgd-r2+fp16`, `fp16`."""
     prune = compression.get("prune", "none")
     quantize = compression.get("quantize", "none")
     if prune == "none":
         return quantize
-    density = compression.get("density")
-    return f"{prune}{density:g}+{quantize}" if quantize != "none" else f"{prune}{density:g}"
+    if prune == "powersgd":
+        pruned = f"powersgd-r{compression.get('powersgd_rank')}"
+    else:
+        pruned = f"{prune}{compression.get('density'):g}"
+    return f"{pruned}+{quantize}" if quantize != "none" else pruned
+
+
+def payload_collectives(
+    summary: dict[str, Any], rank_sites: tuple[int, ...] | None = None
+) -> tuple[str, int]:
+    """(how payloads combine, summed collectives per exchange) as the run's codec declared.
+
+    Summaries record the codec's wire declaration (`exchange`: `combine`, and
+    `collectives_per_step`: rank 0's, which with sites (`rank_sites`) runs per payload round a
+    sum in its site if it has company, one among the leaders if there are several sites, and a
+    broadcast back, as `globaldl.exchange.collectives_per_step` counts); the newest record the
+    declaration itself (`exchange.wire.round_bytes`, one entry per round). Older ones
+    record none, and their codecs summed only without pruning and with a float quantizer.
+    A gathered exchange is one allgather here: a varying length's own small allgather first
+    (DGC, threshold) is not simulated.
+    """
+    declared = summary.get("exchange") or {}
+    combine = declared.get("combine")
+    if combine is None:
+        compression = summary.get("compression") or {}
+        summable = (
+            compression.get("prune", "none") == "none"
+            and compression.get("quantize", "none") in SUMMABLE_QUANTIZERS
+        )
+        return ("sum" if summable else "gather"), 1
+    if combine != "sum":
+        return str(combine), 1
+    wire = declared.get("wire") or {}
+    if wire.get("round_bytes"):
+        return "sum", len(wire["round_bytes"])
+    collectives = int(declared.get("collectives_per_step") or 1)
+    if declared.get("hierarchy", "none") != "none" and rank_sites:
+        in_site = 2 if rank_sites.count(rank_sites[0]) > 1 else 0
+        wide_area = 1 if len(set(rank_sites)) > 1 else 0
+        collectives //= max(in_site + wide_area, 1)
+    return "sum", max(collectives, 1)
 
 
 def _non_exchange(phases: dict[str, float]) -> float:
@@ -255,10 +303,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
     shares = fleet.get("cpu_cores_each") or [fleet.get("cpu_cores_per_device") or 1.0] * ranks
     shares = [float(share) for share in shares[:ranks]]
     compression = summary.get("compression") or {}
-    summable = (
-        compression.get("prune", "none") == "none"
-        and compression.get("quantize", "none") in SUMMABLE_QUANTIZERS
-    )
+    combine, rounds = payload_collectives(summary, sites)
     batches = [int(size) for size in summary.get("rank_batch_sizes") or []]
     if len(batches) != ranks:
         batches = [int(summary.get("global_batch_size", 0)) // max(ranks, 1)] * ranks
@@ -300,7 +345,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         profile=profile,
         cpu_cores=tuple(shares),
         cycle_time_seconds=float(run.get("cycle_time_ms") or 1.0) / 1000,
-        combine="sum" if summable else "gather",
+        combine=combine,
         # One exchange's payload: the run's bytes over its exchanges (steps, or rounds).
         payload_bytes=float(summary["gradient_bytes_wire"])
         / int((summary.get("rounds") or {}).get("rounds") or steps),
@@ -324,6 +369,10 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         local_steps=every,
         overlap=overlapped,
         hierarchy=str((summary.get("exchange") or {}).get("hierarchy") or "none"),
+        rounds=rounds,
+        lane_bits=int(compression.get("sum_bits") or 0)
+        if compression.get("quantize") == "intsum"
+        else 0,
         rank_sites=sites,
         lan_profile=lan,
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from globaldl.compression.lanes import lane_bits_for, lane_word, packed_bytes
 from globaldl.fleet.profiles import LinkProfile
 from globaldl.simulate.calibration import SimParameters
 from globaldl.simulate.exchange import ExchangeMode, plan_network, simulate_transfers
@@ -23,6 +24,8 @@ from globaldl.simulate.platform import Device, Fleet, LinkMix, Site, link_direct
 from globaldl.simulate.steps import StepEstimate, Workload, simulate_steps
 
 GATHER_CODEC = "topk0.01+int8"
+# Issue 12's summable two-step compression: shared top-k, integer codes summed in lanes.
+SPARSE_SUM_CODEC = "shared-topk0.01+intsum"
 # A mode still pays off at a device count when it raises examples per second by at least this
 # much over the next smaller projected count (and does not time out).
 MIN_GAIN = 0.10
@@ -42,6 +45,7 @@ def default_modes(local_steps: int) -> dict[str, ModeSpec]:
         "dense": ModeSpec(ExchangeMode("dense"), "none"),
         "fp16-sum": ModeSpec(ExchangeMode("fp16-sum"), "fp16"),
         "gather": ModeSpec(ExchangeMode("gather", combine="gather"), GATHER_CODEC),
+        "sparse-sum": ModeSpec(ExchangeMode("sparse-sum"), SPARSE_SUM_CODEC),
         "hierarchical": ModeSpec(ExchangeMode("hierarchical", hierarchy="sites"), "fp16"),
         "local": ModeSpec(ExchangeMode("local", local_steps=local_steps, overlap=True), "fp16"),
     }
@@ -60,6 +64,21 @@ class ModelProfile:
     examples_to_target: float | None
     steps_source: str
     local_batch_size: int
+    lane_bits: int = 0  # integer sums: the measured runs' lane width (0: no integer sum)
+
+    def payload_at(self, ranks: int) -> float:
+        """One device's payload per exchange on `ranks` devices.
+
+        An integer sum's lanes must hold the sum of every rank's codes: beyond the ranks the
+        measured lanes can sum, the codec needs wider ones (`--sum-bits`), and its payload
+        grows with them (`globaldl.compression.lanes`). Other payloads do not depend on N.
+        """
+        if not self.lane_bits:
+            return self.payload_bytes
+        _, lanes_per_word = lane_word(self.lane_bits)
+        word_bytes = packed_bytes(lanes_per_word, self.lane_bits)
+        lanes = self.payload_bytes / word_bytes * lanes_per_word
+        return float(packed_bytes(round(lanes), lane_bits_for(ranks, self.lane_bits)))
 
 
 def model_profile(
@@ -95,6 +114,7 @@ def model_profile(
         examples_to_target=examples,
         steps_source=source,
         local_batch_size=int(np.median([item.batch_size for item in runs])),
+        lane_bits=max(item.lane_bits for item in runs),
     )
 
 
@@ -130,7 +150,7 @@ class ProjectionRequest:
     steps: int = 100
     cycle_time_seconds: float | None = None  # None: the fleet's rule per narrowest link
     gloo_timeout_seconds: float = 30.0
-    modes: tuple[str, ...] = ("dense", "fp16-sum", "gather", "hierarchical", "local")
+    modes: tuple[str, ...] = ("dense", "fp16-sum", "gather", "sparse-sum", "hierarchical", "local")
 
     def __post_init__(self) -> None:
         if not self.devices or any(count < 1 for count in self.devices):
@@ -183,8 +203,13 @@ def project(
     if unknown:
         raise ValueError(f"unknown exchange modes {unknown}; valid: {sorted(specs)}")
     model_profiles = {
-        codec: model_profile(observations, request.model, codec, request.target_accuracy)
+        codec: _measured(observations, request, codec, specs)
         for codec in sorted({specs[name].codec for name in request.modes})
+    }
+    payloads = {
+        (codec, devices): _payload_at(profile, devices, request.modes, specs)
+        for codec, profile in model_profiles.items()
+        for devices in request.devices
     }
     rows: list[dict[str, Any]] = []
     for devices in request.devices:
@@ -194,14 +219,15 @@ def project(
             name for name in request.modes if specs[name].mode.hierarchy == "none" or fleet.sites
         ]
         plans = [
-            plan_network(fleet, specs[name].mode, model_profiles[specs[name].codec].payload_bytes)
+            plan_network(fleet, specs[name].mode, payloads[specs[name].codec, devices])
             for name in names
         ]
         transfers = simulate_transfers(plans, exchange_parameters.tcp)
         for name, phases in zip(names, transfers, strict=True):
             spec = specs[name]
             profile = model_profiles[spec.codec]
-            workload = Workload(profile.payload_bytes, cycle, _compute_cpu(fleet, profile, spec))
+            payload = payloads[spec.codec, devices]
+            workload = Workload(payload, cycle, _compute_cpu(fleet, profile, spec))
             estimate = simulate_steps(
                 fleet,
                 spec.mode,
@@ -210,13 +236,44 @@ def project(
                 {phase: value.hops(exchange_parameters) for phase, value in phases.items()},
                 max_steps=request.steps,
             )
-            rows.append(_row(request, devices, name, spec, profile, cycle, estimate))
+            rows.append(_row(request, devices, name, spec, profile, payload, cycle, estimate))
             if progress is not None:
                 progress(
                     f"{devices} devices, {name}: {estimate.step_seconds:.3g} s per step "
                     f"({estimate.simulated_steps} steps simulated)"
                 )
     return rows
+
+
+def _measured(
+    observations: Sequence[Observation],
+    request: ProjectionRequest,
+    codec: str,
+    specs: Mapping[str, ModeSpec],
+) -> ModelProfile:
+    """`model_profile` of the request's model, refused with the modes that need it if none."""
+    try:
+        return model_profile(observations, request.model, codec, request.target_accuracy)
+    except ValueError as error:
+        using = [name for name in request.modes if specs[name].codec == codec]
+        raise ValueError(
+            f"exchange mode {', '.join(using)} stands for codec {codec}: {error}; leave it out "
+            "of the modes or measure it on the fleet"
+        ) from error
+
+
+def _payload_at(
+    profile: ModelProfile, devices: int, modes: Sequence[str], specs: Mapping[str, ModeSpec]
+) -> float:
+    """`profile.payload_at(devices)`, refused with the modes that use it when it cannot run."""
+    try:
+        return profile.payload_at(devices)
+    except ValueError as error:
+        using = [name for name in modes if specs[name].codec == profile.codec]
+        raise ValueError(
+            f"exchange mode {', '.join(using)} ({profile.codec}) cannot run on {devices} "
+            f"devices: {error}; leave it out of the modes"
+        ) from error
 
 
 def _compute_cpu(fleet: Fleet, profile: ModelProfile, spec: ModeSpec) -> np.ndarray:
@@ -231,6 +288,7 @@ def _row(
     name: str,
     spec: ModeSpec,
     profile: ModelProfile,
+    payload: float,
     cycle: float,
     estimate: StepEstimate,
 ) -> dict[str, Any]:
@@ -246,7 +304,7 @@ def _row(
         "devices": devices,
         "mode": name,
         "codec": profile.codec,
-        "payload_bytes": profile.payload_bytes,
+        "payload_bytes": payload,
         "cycle_time_ms": cycle * 1000,
         "step_seconds": estimate.step_seconds,
         "compute_seconds": estimate.compute_seconds,

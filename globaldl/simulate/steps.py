@@ -184,6 +184,7 @@ def simulate_steps(
         receiver_notify_seconds(ranks, network["chain"]),
     )
     collective = collective_of(fleet, mode, network)
+    operations = collective.operations() * mode.rounds
     loops = _Loops(cpu, np.zeros(ranks), np.full(ranks, -np.inf))
     quota_bound = bool(np.any(cpu.binding))
     min_measured = QUOTA_PERIODS_MEASURED * CFS_PERIOD_SECONDS if quota_bound else 0.0
@@ -206,12 +207,30 @@ def simulate_steps(
         # They are charged at its start, at most one period's quota: a long collective spreads
         # them thinly over many periods, where they throttle nothing.
         quota = cpu.cores * CFS_PERIOD_SECONDS
-        cpu.run(started, np.minimum(collective.messages() * message_cpu, quota))
-        finish, wait = collective.finish(started, message_cpu, rng)
-        loops.note_wait(wait, "collective")
-        loops.loop_free = finish
+        # The exchange's Horovod operations in order: each summed round's (`mode.rounds`), and
+        # within one the hierarchy's three (`Collective.operations`). Each after the first
+        # carries tensors that exist only once the one before has finished: it waits for a
+        # coordination cycle of its own. The step's collective part spans them all.
+        operation_start, finish = started, started
+        for index, operation in enumerate(operations):
+            if index:
+                _, operation_start, more = _coordinate(
+                    loops,
+                    finish,
+                    np.zeros(ranks),
+                    workload.cycle_time_seconds,
+                    chain,
+                    cpu_per_cycle,
+                    message_cpu,
+                    rng,
+                )
+                cycles += more
+            cpu.run(operation_start, np.minimum(operation.messages() * message_cpu, quota))
+            finish, wait = operation.finish(operation_start, message_cpu, rng)
+            loops.note_wait(wait, "collective")
+            loops.loop_free = finish
         durations.append(float(finish[0] - previous_end[0]))
-        comm_cpu = cycles * cpu_per_cycle + collective.messages() * message_cpu
+        comm_cpu = cycles * cpu_per_cycle + mode.rounds * collective.messages() * message_cpu
         parts.append(
             (
                 float(ready[0] - compute_start[0]),

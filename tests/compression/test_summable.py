@@ -7,14 +7,14 @@ import pytest
 import tensorflow as tf
 
 from globaldl.compression import CompressionConfig, GradientCompressor
-from globaldl.compression.summable import (
-    SCALE_RANGE,
-    FloatSum,
-    LaneSum,
+from globaldl.compression.lanes import (
+    lane_bits_for,
     lane_word,
     levels_for,
     max_ranks,
+    packed_bytes,
 )
+from globaldl.compression.summable import SCALE_RANGE, FloatSum, LaneSum
 
 NUMPY_DTYPES = {"uint8": np.uint8, "int32": np.int32, "int64": np.int64}
 
@@ -33,6 +33,24 @@ def test_lanes_go_into_the_narrowest_word_horovod_can_sum() -> None:
     assert [levels_for(8, n) for n in (1, 2, 16, 127)] == [127, 63, 7, 1]
     with pytest.raises(ValueError, match="128 ranks cannot sum 8-bit lanes.*1..127"):
         levels_for(8, 128)
+
+
+def test_more_ranks_need_wider_lanes_and_wider_lanes_weigh_more_bytes() -> None:
+    assert [lane_bits_for(n, at_least=8) for n in (2, 127, 128, 1000, 10_000)] == [
+        8,
+        8,
+        9,
+        11,
+        15,
+    ]
+    assert (lane_bits_for(1), lane_bits_for(3)) == (2, 3)  # 2-bit lanes sum one rank's codes
+    # 1902 lanes: a byte each at 8 bits; five 11-bit lanes per int64 word (12.8 bits each);
+    # two 15-bit lanes per int32 (16 bits each: int64 holds four, no better).
+    assert packed_bytes(1902, 8) == 1902
+    assert packed_bytes(1902, 11) == 381 * 8
+    assert packed_bytes(1902, 15) == 951 * 4
+    with pytest.raises(ValueError, match="40000 ranks cannot sum.*at most 32767"):
+        lane_bits_for(40_000)
 
 
 @pytest.mark.parametrize(("lane_bits", "ranks"), [(8, 3), (4, 2), (12, 16), (16, 5)])

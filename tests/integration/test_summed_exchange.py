@@ -27,11 +27,14 @@ def test_shared_topk_intsum_runs_one_allreduce_per_step_to_identical_weights(
     )
     exchange = dict(result["exchange"])
     assert time.time() - 3600 < exchange.pop("horovod_started_unix_seconds") <= time.time()
+    wire = exchange.pop("wire")
     assert exchange == {"combine": "sum", "collectives_per_step": 1, "hierarchy": "none"}
     assert result["weights_identical"], result["weight_digests"]
     traffic = result["traffic"]
     # a ring allreduce of P bytes sends 2 (N - 1) / N P per device (P on two ranks)
     payload_bytes = result["gradient_bytes_wire"] / result["steps"]
+    # the declaration the exchange obeyed, one fixed-length round: what the simulator reads
+    assert wire["combine"] == "sum" and wire["round_bytes"] == [payload_bytes]
     assert traffic["device_tx_bytes_per_step_model"] == pytest.approx(payload_bytes)
     assert traffic["traffic_ratio_vs_dense"] > 100  # 1% of the kernels, one byte per value
     assert result["compression"]["quantize"] == "intsum"

@@ -200,6 +200,43 @@ def test_a_run_on_sites_is_simulated_on_its_sites_behind_one_shared_wan_link_eac
         observation_from_run("test", _sixteen_on_sites("sites.yaml"))
 
 
+def test_a_run_is_simulated_with_the_exchange_its_codec_declared_not_one_guessed_from_its_name():
+    run = _run()
+    summary = run["summary"]
+    summary["compression"] = {"prune": "shared-topk", "density": 0.01, "quantize": "intsum"}
+    # Summaries from before the declaration: only unpruned float payloads were summed.
+    assert observation_from_run("test", run).combine == "gather"
+    summary["exchange"] = {"combine": "sum", "collectives_per_step": 1, "hierarchy": "none"}
+    observation = observation_from_run("test", run)
+    assert (observation.codec, observation.combine, observation.rounds) == (
+        "shared-topk0.01+intsum",
+        "sum",
+        1,
+    )
+    # PowerSGD sums its P factors, then its Q factors: two rounds, each its own allreduce.
+    summary["compression"] = {"prune": "powersgd", "powersgd_rank": 2, "quantize": "fp16"}
+    summary["exchange"]["collectives_per_step"] = 2
+    observation = observation_from_run("test", run)
+    assert (observation.codec, observation.rounds) == ("powersgd-r2+fp16", 2)
+    assert observation_mode(observation).rounds == 2
+    # The newest summaries carry the declaration itself: one entry per round.
+    summary["exchange"]["wire"] = {"combine": "sum", "dtype": "float16", "round_bytes": [9, 7, 5]}
+    assert observation_from_run("test", run).rounds == 3
+    # A varying length's small allgather before the payload's is not a round of its own.
+    summary["exchange"] = {"combine": "gather", "collectives_per_step": 2, "hierarchy": "none"}
+    gathered = observation_from_run("test", run)
+    assert (gathered.combine, gathered.rounds) == ("gather", 1)
+
+
+def test_a_site_leaders_three_collectives_per_round_are_one_round_of_the_hierarchy():
+    run = _sixteen_on_sites()
+    run["summary"]["exchange"] = {"combine": "sum", "collectives_per_step": 3, "hierarchy": "sites"}
+    observation = observation_from_run("test", run)
+    assert (observation.hierarchy, observation.rounds) == ("sites", 1)
+    run["summary"]["exchange"]["collectives_per_step"] = 6  # two rounds, each in three
+    assert observation_from_run("test", run).rounds == 2
+
+
 def test_the_fit_weighs_each_calibration_experiment_the_same_whatever_its_run_count():
     # Nine runs 10% off in one experiment, one run 30% off in the other: pooled, the median
     # would be 10% and the second experiment all but ignored.

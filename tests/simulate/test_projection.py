@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from globaldl.compression.lanes import packed_bytes
 from globaldl.simulate.fleetdata import load_observations
 from globaldl.simulate.outputs import (
     DEFAULT_OUT_DIR,
@@ -108,6 +109,44 @@ def test_a_small_projection_writes_its_tables_plot_and_readme_section(tmp_path):
     found = document["answer"]
     assert f"| lte:100 | {found['devices'] or 'none of the projected counts'} |" in text
     assert "results/projection/lte.md" in text
+
+
+def test_summed_sparse_payloads_stay_flat_per_device_where_gathered_ones_grow_with_n():
+    request = ProjectionRequest(
+        devices=(2, 200),
+        mix=parse_mix_shares("lte:100"),
+        model="lenet",
+        steps=12,
+        modes=("gather", "sparse-sum"),
+    )
+    parameters = read_parameters(DEFAULT_OUT_DIR / PARAMETERS_FILE)
+    rows = project(request, load_observations(), parameters, default_profiles())
+    row = {(row["devices"], row["mode"]): row for row in rows}
+    # The fleet's integer sums ran 8-bit lanes (127 ranks at most): 200 devices need 9-bit
+    # lanes, seven to an int64 word, so the payload grows by 8/7 and no more.
+    small, large = row[2, "sparse-sum"], row[200, "sparse-sum"]
+    assert large["payload_bytes"] == packed_bytes(round(small["payload_bytes"]), 9)
+
+    # A ring allreduce sends 2(N-1)/N of the payload; an allgather N-1 payloads.
+    def growth(mode):
+        return row[200, mode]["device_tx_bytes_per_step"] / row[2, mode]["device_tx_bytes_per_step"]
+
+    assert growth("sparse-sum") < 3 and growth("gather") > 50
+
+
+def test_a_mode_the_fleet_cannot_stand_for_is_refused_naming_it():
+    parameters = read_parameters(DEFAULT_OUT_DIR / PARAMETERS_FILE)
+    observations = load_observations()
+    unmeasured = ProjectionRequest(
+        devices=(2,), mix=parse_mix_shares("lte:100"), model="resnet-8", modes=("sparse-sum",)
+    )
+    with pytest.raises(ValueError, match="mode sparse-sum stands for codec shared-topk0.01"):
+        project(unmeasured, observations, parameters, default_profiles())
+    too_many = ProjectionRequest(
+        devices=(40_000,), mix=parse_mix_shares("lte:100"), model="lenet", modes=("sparse-sum",)
+    )
+    with pytest.raises(ValueError, match="sparse-sum .* cannot run on 40000 devices"):
+        project(too_many, observations, parameters, default_profiles())
 
 
 def test_a_readme_without_markers_is_left_alone(tmp_path):

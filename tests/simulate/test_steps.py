@@ -5,8 +5,8 @@ import pytest
 
 from globaldl.fleet.profiles import LinkProfile
 from globaldl.simulate.collectives import RingStage, chain_cycle, chain_sends, ring_finish
-from globaldl.simulate.exchange import ExchangeMode, ExchangeParameters, Hops
-from globaldl.simulate.platform import uniform_fleet
+from globaldl.simulate.exchange import ExchangeMode, ExchangeParameters, Hops, plan_network
+from globaldl.simulate.platform import Device, Fleet, Site, link_directions, uniform_fleet
 from globaldl.simulate.steps import Workload, simulate_steps
 from globaldl.simulate.topology import Phase
 
@@ -153,6 +153,46 @@ def test_a_step_is_the_cycle_that_missed_the_tensors_the_one_that_sees_them_and_
     assert not estimate.timed_out
 
 
+def test_a_second_summed_round_waits_for_a_cycle_of_its_own_then_rings_again():
+    one = _estimate(ExchangeMode("dense"))
+    two = _estimate(ExchangeMode("powersgd", rounds=2))
+    # The second round's tensors (PowerSGD's Q, made from the summed P) exist when the first
+    # ring ends, on every rank at once: the next cycle sees them, its word crosses the ring
+    # twice (2(N-1) hops), then the second ring's 2(N-1) hops. N = 4, 0.1 s per hop.
+    assert two.step_seconds - one.step_seconds == pytest.approx((6 + 6) * 0.1, rel=0.05)
+    assert two.cycles_per_step == pytest.approx(one.cycles_per_step + 1)
+    # The same payload, split between the rounds: the same bytes besides the extra cycle's.
+    coordination = ExchangeParameters().coordination_bytes_per_cycle
+    assert two.device_tx_bytes_per_step - coordination == pytest.approx(
+        one.device_tx_bytes_per_step
+    )
+
+
+def _hops(phase, latency):
+    """Every message of `phase` takes `latency` seconds and no transfer time."""
+    count = len(phase.sources)
+    return Hops(phase, np.zeros(count), np.full(count, latency), np.zeros(count), np.zeros(count))
+
+
+def test_the_hierarchys_three_operations_each_wait_for_a_cycle_of_their_own():
+    profile = LinkProfile("test", 5000, 17500)
+    up, down = link_directions(profile)
+    sites = (Site("a", up, down), Site("b", up, down))
+    fleet = Fleet(tuple(Device(profile, cpu_cores=1.0, site=rank // 2) for rank in range(4)), sites)
+    mode = ExchangeMode("sites", hierarchy="sites")
+    network = {
+        name: _hops(phase, latency=0.1)
+        for name, phase in plan_network(fleet, mode, 240_000).phases.items()
+    }
+    workload = Workload(240_000, 0.005, np.full(4, 0.05))
+    estimate = simulate_steps(fleet, mode, workload, ExchangeParameters(), network, max_steps=40)
+    # The flat ring's two cycles (one misses the tensors, the next sees them), then one more
+    # before the leaders' sum and one before the broadcast back into the sites.
+    assert estimate.cycles_per_step == pytest.approx(2 + 2)
+    # Each extra cycle's word crosses the 4-rank ring twice: 6 hops of 0.1 s, twice.
+    assert estimate.collective_seconds >= 2 * 6 * 0.1
+
+
 def test_local_steps_with_overlap_hide_the_exchange_behind_compute():
     plain = _estimate(ExchangeMode("local", local_steps=8), compute=0.2)
     overlapped = _estimate(ExchangeMode("local", local_steps=8, overlap=True), compute=0.2)
@@ -185,5 +225,9 @@ def test_bad_modes_are_refused_with_the_value():
         ExchangeMode("x", combine="scatter")
     with pytest.raises(ValueError, match="summable"):
         ExchangeMode("x", combine="gather", hierarchy="sites")
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1, got 0"):
+        ExchangeMode("x", rounds=0)
+    with pytest.raises(ValueError, match="rounds > 1"):
+        ExchangeMode("x", combine="gather", rounds=2)
     with pytest.raises(ValueError, match="cycle_time_seconds"):
         Workload(1.0, 0.0, np.zeros(2))
