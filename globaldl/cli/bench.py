@@ -330,8 +330,9 @@ def simulate(
             f"--steps {steps} --repeats {repeats}"
         )
         notes = [
-            "Every exchange mode (dense, fp16-sum, gather, hierarchical with sites of 50, local",
-            "H=8) projected per count; CPU seconds include the SimGrid child processes;",
+            f"Every exchange mode ({', '.join(request.modes)}; hierarchical with sites of 50,",
+            f"local with H={request.local_steps}) projected per count; CPU seconds include the",
+            "SimGrid child processes;",
             "growth_exponent_from_previous: cost ~ devices^exponent between consecutive counts.",
             target_verdict(rows) + ".",
         ]
