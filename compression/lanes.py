@@ -60,8 +60,13 @@ def lane_bits_for(num_ranks: int, at_least: int = MIN_LANE_BITS) -> int:
     )
 
 
+def word_bytes(lane_bits: int) -> int:
+    """Bytes of the word ``lane_word`` packs lanes of ``lane_bits`` into."""
+    dtype, _ = lane_word(lane_bits)
+    return next(bits for name, _, bits in WORD_TYPES if name == dtype) // 8
+
+
 def packed_bytes(num_lanes: int, lane_bits: int) -> int:
     """Bytes of ``num_lanes`` lanes of ``lane_bits`` packed into words (``lane_word``)."""
-    dtype, lanes_per_word = lane_word(lane_bits)
-    word_bytes = next(bits for name, _, bits in WORD_TYPES if name == dtype) // 8
-    return math.ceil(num_lanes / lanes_per_word) * word_bytes
+    _, lanes_per_word = lane_word(lane_bits)
+    return math.ceil(num_lanes / lanes_per_word) * word_bytes(lane_bits)

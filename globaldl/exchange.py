@@ -149,9 +149,7 @@ def collectives_per_step(spec: WireSpec, hierarchy: Hierarchy | None = None) -> 
         return spec.rounds * (1 if spec.fixed_length else 2)
     if hierarchy is None:
         return spec.rounds
-    in_site = 2 if len(hierarchy.own_site) > 1 else 0
-    wide_area = 1 if len(hierarchy.sites) > 1 else 0
-    return spec.rounds * max(1, in_site + wide_area)
+    return spec.rounds * hierarchy.collectives_per_round
 
 
 @dataclass(frozen=True)

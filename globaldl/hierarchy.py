@@ -61,6 +61,17 @@ class Hierarchy:
         """Every site's leader, ascending."""
         return tuple(site[0] for site in self.sites)
 
+    @property
+    def collectives_per_round(self) -> int:
+        """Collectives a site leader runs per summed payload round.
+
+        A sum in its site and the broadcast back if it has company, one sum among the leaders
+        if there are several sites.
+        """
+        in_site = 2 if len(self.own_site) > 1 else 0
+        wide_area = 1 if len(self.sites) > 1 else 0
+        return max(1, in_site + wide_area)
+
     def leader_tx_bytes(self, payload_bytes: float) -> float:
         """Bytes a leader sends per summed payload of ``payload_bytes``, by Gloo's algorithms.
 

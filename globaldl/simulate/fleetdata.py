@@ -45,6 +45,7 @@ import numpy as np
 
 from globaldl.fleet.profiles import LinkProfile, load_profiles
 from globaldl.fleet.sites import DEFAULT_LAN_PROFILE, parse_sites
+from globaldl.hierarchy import Hierarchy
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS
 from globaldl.summary import steady_phases
 
@@ -246,9 +247,8 @@ def payload_collectives(
     """(how payloads combine, summed collectives per exchange) as the run's codec declared.
 
     Summaries record the codec's wire declaration (`exchange`: `combine`, and
-    `collectives_per_step`: rank 0's, which with sites (`rank_sites`) runs per payload round a
-    sum in its site if it has company, one among the leaders if there are several sites, and a
-    broadcast back, as `globaldl.exchange.collectives_per_step` counts); the newest record the
+    `collectives_per_step`: rank 0's, a site leader's with sites (`rank_sites`), which runs
+    `Hierarchy.collectives_per_round` per payload round); the newest record the
     declaration itself (`exchange.wire.round_bytes`, one entry per round). Older ones
     record none, and their codecs summed only without pruning and with a float quantizer.
     A gathered exchange is one allgather here: a varying length's own small allgather first
@@ -270,9 +270,8 @@ def payload_collectives(
         return "sum", len(wire["round_bytes"])
     collectives = int(declared.get("collectives_per_step") or 1)
     if declared.get("hierarchy", "none") != "none" and rank_sites:
-        in_site = 2 if rank_sites.count(rank_sites[0]) > 1 else 0
-        wide_area = 1 if len(set(rank_sites)) > 1 else 0
-        collectives //= max(in_site + wide_area, 1)
+        site_of_rank = [str(site) for site in rank_sites]
+        collectives //= Hierarchy.from_site_names(site_of_rank, rank=0).collectives_per_round
     return "sum", max(collectives, 1)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from globaldl.compression.lanes import lane_bits_for, lane_word, packed_bytes
+from globaldl.compression.lanes import lane_bits_for, lane_word, packed_bytes, word_bytes
 from globaldl.fleet.profiles import LinkProfile
 from globaldl.simulate.calibration import SimParameters
 from globaldl.simulate.exchange import ExchangeMode, plan_network, simulate_transfers
@@ -76,9 +76,8 @@ class ModelProfile:
         if not self.lane_bits:
             return self.payload_bytes
         _, lanes_per_word = lane_word(self.lane_bits)
-        word_bytes = packed_bytes(lanes_per_word, self.lane_bits)
-        lanes = self.payload_bytes / word_bytes * lanes_per_word
-        return float(packed_bytes(round(lanes), lane_bits_for(ranks, self.lane_bits)))
+        lanes = round(self.payload_bytes / word_bytes(self.lane_bits) * lanes_per_word)
+        return float(packed_bytes(lanes, lane_bits_for(ranks, self.lane_bits)))
 
 
 def model_profile(
@@ -202,14 +201,9 @@ def project(
     unknown = sorted(set(request.modes) - set(specs))
     if unknown:
         raise ValueError(f"unknown exchange modes {unknown}; valid: {sorted(specs)}")
-    model_profiles = {
-        codec: _measured(observations, request, codec, specs)
+    inputs = {
+        codec: _codec_inputs(observations, request, codec, specs)
         for codec in sorted({specs[name].codec for name in request.modes})
-    }
-    payloads = {
-        (codec, devices): _payload_at(profile, devices, request.modes, specs)
-        for codec, profile in model_profiles.items()
-        for devices in request.devices
     }
     rows: list[dict[str, Any]] = []
     for devices in request.devices:
@@ -219,14 +213,14 @@ def project(
             name for name in request.modes if specs[name].mode.hierarchy == "none" or fleet.sites
         ]
         plans = [
-            plan_network(fleet, specs[name].mode, payloads[specs[name].codec, devices])
+            plan_network(fleet, specs[name].mode, inputs[specs[name].codec][1][devices])
             for name in names
         ]
         transfers = simulate_transfers(plans, exchange_parameters.tcp)
         for name, phases in zip(names, transfers, strict=True):
             spec = specs[name]
-            profile = model_profiles[spec.codec]
-            payload = payloads[spec.codec, devices]
+            profile, payloads = inputs[spec.codec]
+            payload = payloads[devices]
             workload = Workload(payload, cycle, _compute_cpu(fleet, profile, spec))
             estimate = simulate_steps(
                 fleet,
@@ -245,35 +239,35 @@ def project(
     return rows
 
 
-def _measured(
+def _codec_inputs(
     observations: Sequence[Observation],
     request: ProjectionRequest,
     codec: str,
     specs: Mapping[str, ModeSpec],
-) -> ModelProfile:
-    """`model_profile` of the request's model, refused with the modes that need it if none."""
+) -> tuple[ModelProfile, dict[int, float]]:
+    """What the fleet measured for `codec`, and its payload at each projected device count.
+
+    Refused, naming the modes that stand for the codec, when the fleet never ran the model with
+    it or when it cannot run on a projected count.
+    """
+    using = ", ".join(name for name in request.modes if specs[name].codec == codec)
     try:
-        return model_profile(observations, request.model, codec, request.target_accuracy)
+        profile = model_profile(observations, request.model, codec, request.target_accuracy)
     except ValueError as error:
-        using = [name for name in request.modes if specs[name].codec == codec]
         raise ValueError(
-            f"exchange mode {', '.join(using)} stands for codec {codec}: {error}; leave it out "
+            f"exchange mode {using} stands for codec {codec}: {error}; leave it out "
             "of the modes or measure it on the fleet"
         ) from error
-
-
-def _payload_at(
-    profile: ModelProfile, devices: int, modes: Sequence[str], specs: Mapping[str, ModeSpec]
-) -> float:
-    """`profile.payload_at(devices)`, refused with the modes that use it when it cannot run."""
-    try:
-        return profile.payload_at(devices)
-    except ValueError as error:
-        using = [name for name in modes if specs[name].codec == profile.codec]
-        raise ValueError(
-            f"exchange mode {', '.join(using)} ({profile.codec}) cannot run on {devices} "
-            f"devices: {error}; leave it out of the modes"
-        ) from error
+    payloads = {}
+    for devices in request.devices:
+        try:
+            payloads[devices] = profile.payload_at(devices)
+        except ValueError as error:
+            raise ValueError(
+                f"exchange mode {using} ({codec}) cannot run on {devices} devices: {error}; "
+                "leave it out of the modes"
+            ) from error
+    return profile, payloads
 
 
 def _compute_cpu(fleet: Fleet, profile: ModelProfile, spec: ModeSpec) -> np.ndarray:

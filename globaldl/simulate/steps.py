@@ -185,6 +185,7 @@ def simulate_steps(
     )
     collective = collective_of(fleet, mode, network)
     operations = collective.operations() * mode.rounds
+    messages = sum(operation.messages() for operation in operations)
     loops = _Loops(cpu, np.zeros(ranks), np.full(ranks, -np.inf))
     quota_bound = bool(np.any(cpu.binding))
     min_measured = QUOTA_PERIODS_MEASURED * CFS_PERIOD_SECONDS if quota_bound else 0.0
@@ -230,7 +231,7 @@ def simulate_steps(
             loops.note_wait(wait, "collective")
             loops.loop_free = finish
         durations.append(float(finish[0] - previous_end[0]))
-        comm_cpu = cycles * cpu_per_cycle + mode.rounds * collective.messages() * message_cpu
+        comm_cpu = cycles * cpu_per_cycle + messages * message_cpu
         parts.append(
             (
                 float(ready[0] - compute_start[0]),
