@@ -41,6 +41,13 @@ class Hierarchy:
             groups.setdefault(site, []).append(each_rank)
         return cls(tuple(tuple(g) for g in groups.values()), tuple(groups), rank)
 
+    @classmethod
+    def grid(cls, sites: int, per_site: int, rank: int = 0) -> Hierarchy:
+        """`sites` sites of `per_site` consecutive ranks each (the fleet's `--sites SxM`)."""
+        return cls.from_site_names(
+            [f"site-{r // per_site + 1}" for r in range(sites * per_site)], rank
+        )
+
     @property
     def own_site(self) -> tuple[int, ...]:
         """The ranks of this rank's site."""
@@ -84,3 +91,18 @@ class Hierarchy:
         wide_area = 2.0 * (leaders - 1) / leaders if leaders > 1 else 0.0
         broadcast = math.ceil(math.log2(members)) if members > 1 else 0
         return (site_sum + wide_area + broadcast) * payload_bytes
+
+    def mean_tx_bytes(self, payload_bytes: float) -> float:
+        """Bytes the run's average device sends per summed payload of ``payload_bytes``.
+
+        What an interface counter averaged over all devices measures: every member of a site
+        of m sends 2 (m - 1) / m in the site's ring, the S leaders 2 (S - 1) / S each among
+        themselves, and a site's broadcast tree sends m - 1 copies in all (each member receives
+        one).
+        """
+        leaders = len(self.sites)
+        total = 2.0 * (leaders - 1) if leaders > 1 else 0.0
+        for site in self.sites:
+            members = len(site)
+            total += 2.0 * (members - 1) + (members - 1)
+        return total / sum(len(site) for site in self.sites) * payload_bytes

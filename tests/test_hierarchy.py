@@ -34,6 +34,22 @@ def test_a_leader_runs_three_collectives_per_round_and_the_wide_area_ring_has_s_
     assert device_tx_bytes_per_step_model(spec, 2, 1000, alone) == pytest.approx(1000)
 
 
+def test_the_average_device_sends_each_sites_ring_and_tree_and_a_share_of_the_leaders_ring() -> (
+    None
+):
+    four_by_four = Hierarchy.grid(4, 4)
+    assert four_by_four.sites == ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15))
+    # Per device of 16: site ring 2 * 3/4 each, leaders' ring 4 * 2 * 3/4 over 16, each
+    # site's tree 3 copies over its 4 members.
+    assert four_by_four.mean_tx_bytes(1000) == pytest.approx(1500 + 6000 / 16 + 750)
+    uneven = Hierarchy.from_site_names(["a", "a", "a", "b"], rank=3)
+    # Site a: ring 3 * 2 * 2/3 = 4, tree 2; leaders' ring 2 * 2 * 1/2 = 2; site b alone: 0.
+    assert uneven.mean_tx_bytes(1000) == pytest.approx((4 + 2 + 2) * 1000 / 4)
+    # One device per site is the flat ring: every device sends as the leader does.
+    alone = Hierarchy.grid(3, 1)
+    assert alone.mean_tx_bytes(1000) == pytest.approx(alone.leader_tx_bytes(1000))
+
+
 def test_gathered_payloads_are_refused_with_a_site_hierarchy() -> None:
     spec = WireSpec(Combine.GATHER, "uint8", (None,))
     assert check_wire_spec(spec) is spec

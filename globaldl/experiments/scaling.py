@@ -33,6 +33,8 @@ from globaldl.experiments.experiment import Experiment, run_row
 from globaldl.experiments.outputs import number_or_none, save_figure
 from globaldl.experiments.results import RunResult
 from globaldl.experiments.spec import LENET_MNIST, FleetConfig, RunSpec, Workload, slug
+from globaldl.fleet.sites import grid_shape
+from globaldl.hierarchy import Hierarchy
 
 DENSE = "dense"
 CODECS: dict[str, tuple[str, ...]] = {
@@ -89,6 +91,24 @@ def steady_tx_bytes_per_step(result: RunResult) -> float | None:
     ]
     known = [value for value in per_device if value is not None]
     return sum(known) / len(known) if len(known) == result.spec.fleet.devices else None
+
+
+def mean_device_model_bytes(
+    model_bytes: float | None, fleet: FleetConfig, hierarchy: str | None
+) -> float | None:
+    """The average device's modelled bytes per step, from the summary's busiest device's.
+
+    Flat, every device sends the same. Under the site hierarchy the summary models a site
+    leader; the steady bytes average all devices, so they are compared with the average
+    device's share (Hierarchy.mean_tx_bytes). None for sites from a file (sizes unknown here).
+    """
+    if model_bytes is None or hierarchy in (None, "none"):
+        return model_bytes
+    shape = grid_shape(fleet.sites) if fleet.sites else None
+    if shape is None:
+        return None
+    layout = Hierarchy.grid(*shape)
+    return model_bytes * layout.mean_tx_bytes(1.0) / layout.leader_tx_bytes(1.0)
 
 
 def beyond_model_tx_bytes_per_second(
@@ -248,7 +268,11 @@ class ScalingExperiment(Experiment):
                 )
                 row["beyond_model_tx_bytes_per_second"] = beyond_model_tx_bytes_per_second(
                     row[TRAFFIC],
-                    number_or_none(row["device_tx_bytes_per_step_model"]),
+                    mean_device_model_bytes(
+                        number_or_none(row["device_tx_bytes_per_step_model"]),
+                        result.spec.fleet,
+                        row.get("hierarchy"),
+                    ),
                     row["steady_step_seconds"],
                 )
                 row["seconds_to_target"] = seconds_or_not_reached(
@@ -447,7 +471,8 @@ class ScalingExperiment(Experiment):
             "the whole run (the fleet's counters, broadcast included); "
             "`device_tx_bytes_per_step_model` is what the collectives' algorithms send for the "
             "gradients alone (run summary `traffic`; for the hierarchy, a site leader's); "
-            "`beyond_model_tx_bytes_per_second` is the steady bytes less that model, per "
+            "`beyond_model_tx_bytes_per_second` is the steady bytes less the average device's "
+            "modelled bytes (under the hierarchy not the leader's: members send less), per "
             "second of steady step (frame headers and Horovod's coordination, which runs "
             "every cycle: it adds bytes per step as steps lengthen, and steps lengthen with N "
             "here because the fleet shares 2 cores); "

@@ -59,6 +59,12 @@ class SiteLayout:
             raise ValueError(f"site {self.name!r}: devices must be at least 1, got {self.devices}")
 
 
+def grid_shape(spec: str) -> tuple[int, int] | None:
+    """`SITESxDEVICES` (e.g. "4x4") as (sites, devices per site); None for a site file."""
+    grid = _GRID.match(spec.strip())
+    return (int(grid[1]), int(grid[2])) if grid is not None else None
+
+
 def parse_sites(
     spec: str, profiles: dict[str, LinkProfile], lan: str, wan: str | None
 ) -> list[SiteLayout]:
@@ -67,9 +73,9 @@ def parse_sites(
     `lan` and `wan` are profile specs (names or custom:...) used where the file gives none;
     the WAN is required.
     """
-    grid = _GRID.match(spec.strip())
+    grid = grid_shape(spec)
     if grid is not None:
-        count, per_site = (int(group) for group in grid.groups())
+        count, per_site = grid
         if wan is None:
             raise ValueError(f"--sites {spec} needs --wan PROFILE (the link each site shares)")
         lan_profile, wan_profile = (resolve_profile(p, profiles) for p in (lan, wan))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 from experiment_fakes import device_resources, result, summary
 
 from globaldl.experiments import ScalingExperiment, write_outputs
@@ -59,7 +60,12 @@ def _results(plan, tx_bytes, accuracy, step_seconds, scraped=None):
             },
         )
         run.summary["rank_totals"] = [{"first_step_phase_seconds": {"exchange": 30.0}}]
-        run.summary["exchange"] = {"combine": "sum", "collectives_per_step": 1, "hierarchy": "none"}
+        hierarchy = "sites" if spec.factors.get("exchange") == "hierarchy" else "none"
+        run.summary["exchange"] = {
+            "combine": "sum",
+            "collectives_per_step": 1,
+            "hierarchy": hierarchy,
+        }
         run.summary["traffic"] = {"device_tx_bytes_per_step_model": 1.0}
         run.accounting["mean_tx_bytes"] = 10 * tx_bytes(spec) + 2_000_000
         run.resources = {
@@ -101,6 +107,10 @@ def test_scaling_targets_are_met_by_flat_summed_traffic_and_a_faster_hierarchy(
     assert row[TRAFFIC] == 4_016 and row["device_tx_bytes_per_step"] == 4_016 + 200_000
     assert row["steady_step_seconds"] == 3.0
     assert row["beyond_model_tx_bytes_per_second"] == (4_016 - 1.0) / 3.0
+    # Under the hierarchy the summary models a leader (5 payloads on 4x4); the steady bytes
+    # average all 16 devices, which send 2.625 payloads on average.
+    row = next(r for r in report.rows if r["label"] == "dense-sites4x4-hierarchy")
+    assert row["beyond_model_tx_bytes_per_second"] == pytest.approx(500_000 - 2.625 / 5.0)
 
 
 def test_scaling_traffic_is_unknown_unless_every_device_was_scraped(tmp_path: Path) -> None:
