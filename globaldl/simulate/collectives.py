@@ -5,7 +5,9 @@ single messages, see `exchange`) as a max-plus recurrence solved with cumulative
 `ring_finish` composes a ring's hops from each message's transfer, latency and jitter, O(N)
 per hop. Both follow Gloo's rendezvous: a message leaves only once its receiver's "ready to
 receive" has come back to the sender. A `Collective` is the ring stages of an exchange mode
-plus a broadcast inside sites.
+plus a broadcast inside sites; a `Coordination` is what one cycle of Horovod's background loop
+runs before any collective (one chain per process set, and with dynamic process sets their
+agreement).
 """
 
 from __future__ import annotations
@@ -178,6 +180,108 @@ def receiver_notify_seconds(ranks: int, hops: Hops) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Chain:
+    """One process set's coordination chain: its ranks in ring order and their messages.
+
+    `seconds[i]`, `jitter[i]`: the message member i sends to member i-1; `notify[i]`: member
+    i's "ready to receive" on its way to the member it receives from.
+    """
+
+    ranks: np.ndarray
+    seconds: np.ndarray
+    jitter: np.ndarray
+    notify: np.ndarray
+    where: str
+
+    @classmethod
+    def of(cls, ranks: int, hops: Hops, members: np.ndarray, where: str) -> Chain:
+        """The chain over `members` (global ranks, ring order) from a phase's messages."""
+        seconds, jitter = sender_seconds(ranks, hops)
+        notify = receiver_notify_seconds(ranks, hops)
+        return cls(members, seconds[members], jitter[members], notify[members], where)
+
+    def run(
+        self,
+        done: np.ndarray,
+        message_cpu_seconds: np.ndarray,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, float]:
+        """Every rank's time after this chain (others unchanged), and the longest wait."""
+        hop = self.seconds
+        if np.any(self.jitter > 0):
+            hop = np.maximum(hop + rng.uniform(-1.0, 1.0, len(hop)) * self.jitter, 0.0)
+        finished, wait = chain_cycle(
+            done[self.ranks], hop, message_cpu_seconds[self.ranks], self.notify
+        )
+        done = done.copy()
+        done[self.ranks] = finished
+        return done, wait
+
+
+@dataclass(frozen=True)
+class Coordination:
+    """What one cycle of Horovod's background loop runs on the network, in its order.
+
+    Horovod 0.28.1's `RunLoopOnce` (operations.cc): with dynamic process sets (the hierarchy's,
+    `hvd.init(process_sets="dynamic")`) every rank first allgathers two integers over the
+    global set (process_set.cc, `InitializeRegisteredAndRemoveMarkedIfReady`); then every
+    process set a rank belongs to coordinates in turn (`ComputeResponseList`: the response
+    cache's word allreduced over the set): the global set, each site's, the leaders'.
+    A collective starts once the whole cycle is done (Horovod starts a set's ready collectives
+    right after that set's coordination: a simplification).
+    """
+
+    chains: tuple[Chain, ...]
+    agreement: Chain | None = None
+
+    def sends(self, ranks: int) -> np.ndarray:
+        """Messages each rank sends in one cycle."""
+        sends = np.zeros(ranks)
+        if self.agreement is not None:
+            sends += ranks - 1
+        for chain in self.chains:
+            sends[chain.ranks] += chain_sends(len(chain.ranks))
+        return sends
+
+    def run(
+        self,
+        started: np.ndarray,
+        message_cpu_seconds: np.ndarray,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, float, str]:
+        """When each rank's cycle is done, the longest wait for one message, and where."""
+        done, longest, where = started, 0.0, "coordination chain"
+        if self.agreement is not None:
+            agreement = self.agreement
+            done = ring_allgather_word(
+                done, agreement.seconds, agreement.notify, message_cpu_seconds
+            )
+        for chain in self.chains:
+            done, wait = chain.run(done, message_cpu_seconds, rng)
+            if wait > longest:
+                longest, where = wait, chain.where
+        return done, longest, where
+
+
+def coordination_of(fleet: Fleet, mode: ExchangeMode, network: dict[str, Hops]) -> Coordination:
+    """The coordination cycle of `mode` on `fleet`, from the simulated message times."""
+    ranks = fleet.size
+    every_rank = np.arange(ranks)
+    global_chain = Chain.of(ranks, network["chain"], every_rank, "coordination chain")
+    groups = site_groups(fleet, mode)
+    if len(groups) == 1:
+        return Coordination((global_chain,))
+    sites = [
+        Chain.of(ranks, network["site_chain"], np.asarray(group), "site coordination chain")
+        for group in groups
+        if len(group) > 1
+    ]
+    leaders = np.asarray([group[0] for group in groups])
+    leader_chain = Chain.of(ranks, network["leader_chain"], leaders, "leaders' coordination chain")
+    return Coordination((global_chain, *sites, leader_chain), agreement=global_chain)
+
+
+@dataclass(frozen=True)
 class Collective:
     """A collective as ring stages, then a broadcast from each rank's site leader."""
 
@@ -257,3 +361,50 @@ def chain_sends(ranks: int) -> np.ndarray:
     sends = np.full(ranks, 2.0)
     sends[: min(ranks, 2)] = 1.0
     return sends
+
+
+def ring_allgather_word(
+    entry_seconds: np.ndarray,
+    hop_seconds: np.ndarray,
+    notify_seconds: np.ndarray,
+    message_cpu_seconds: np.ndarray,
+) -> np.ndarray:
+    """When each rank holds every rank's word after a ring allgather of one word each.
+
+    Gloo's ring allgather runs N-1 hops; rank p forwards to rank p-1 what it received in the
+    hop before. Small messages are timed as ring hops are: each pays the receiver's "ready to
+    receive" on its way back (`notify_seconds[p]` from rank p) and the message's way there
+    (`hop_seconds[p]`, rank p's message to rank p-1), then the receiver's CPU. The word of rank
+    q+d reaches rank q after d such hops; rank q is done once the farthest word (d = N-1) and
+    every nearer one have come, so done[q] = max over d of entry[q+d] plus the d hops between;
+    and a rank that enters late still receives its N-1 words one hop after the other. Waits
+    of a word behind a late rank in the middle of its way are not modelled (O(N), not O(N^2)):
+    for ranks that enter together the result is the same.
+    """
+    ranks = len(entry_seconds)
+    cpu = np.broadcast_to(message_cpu_seconds, (ranks,))
+    if ranks < 2:
+        return entry_seconds.copy()
+    # hop[p]: rank p's word to rank p-1, the receiver's notification back, its CPU.
+    hop = hop_seconds + np.roll(notify_seconds, 1) + np.roll(cpu, 1)
+    doubled = np.concatenate([hop, hop])
+    # reached[t] = hops t-1 down to ... : prefix[t] = hop[1] + ... + hop[t] (indices mod N).
+    prefix = np.concatenate([[0.0], np.cumsum(doubled[1:])])
+    arrivals = np.concatenate([entry_seconds, entry_seconds]) + prefix
+    farthest = _window_max(arrivals[1:], ranks - 1)[:ranks]
+    # A rank receives its N-1 words one after the other, each only once it has asked for it.
+    own_pace = entry_seconds + (ranks - 1) * np.roll(hop, -1)
+    return np.maximum(own_pace, farthest - prefix[:ranks])
+
+
+def _window_max(values: np.ndarray, width: int) -> np.ndarray:
+    """max(values[i : i + width]) for every i whose window fits (blocks of `width`, O(len))."""
+    count = len(values)
+    blocks = -(-count // width)
+    padded = np.full(blocks * width, -np.inf)
+    padded[:count] = values
+    grid = padded.reshape(blocks, width)
+    from_start = np.maximum.accumulate(grid, axis=1).ravel()
+    to_end = np.maximum.accumulate(grid[:, ::-1], axis=1)[:, ::-1].ravel()
+    starts = np.arange(count - width + 1)
+    return np.maximum(to_end[starts], from_start[starts + width - 1])

@@ -16,8 +16,10 @@ Horovod's `gloo_controller.cc`, `response_cache.cc`); rank r sends to rank r-1:
   per site across the WAN, broadcast inside each site (a binomial tree): three Horovod
   operations on their process sets, each on the one before's result, so each after a
   coordination cycle of its own (see `globaldl.simulate.steps`). Horovod coordinates every
-  process set in every cycle; the simulator's cycle is the global set's chain alone (a site's
-  chain crosses only its LAN; the leaders' chain, 2(S-1) WAN messages, is not simulated).
+  process set in every cycle, one after the other: the global set's chain, each site's (over
+  its LAN), the leaders' (2(S-1) WAN messages); with dynamic process sets, as the hierarchy
+  runs, every cycle also starts with an allgather of two integers over all ranks (N-1 ring
+  hops). See `globaldl.simulate.collectives.Coordination`.
 - several summed rounds (PowerSGD: P, then Q): one collective each, in order, each after a
   coordination cycle; the payload split evenly between them.
 - local steps: one exchange every H steps; with overlap it runs behind the next round.
@@ -161,6 +163,15 @@ def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> Netw
         plan.phases["site_ring"] = _merge(local) if local else Phase.of([], [], [])
         leaders = [group[0] for group in groups]
         plan.phases["wan_ring"] = ring_order_phase(leaders, payload_bytes / len(leaders))
+        # Each process set's coordination word: the sites' over their LANs, the leaders' over
+        # the WAN (see `globaldl.simulate.collectives.Coordination`).
+        words = [
+            ring_order_phase(group, COORDINATION_MESSAGE_BYTES)
+            for group in groups
+            if len(group) > 1
+        ]
+        plan.phases["site_chain"] = _merge(words) if words else Phase.of([], [], [])
+        plan.phases["leader_chain"] = ring_order_phase(leaders, COORDINATION_MESSAGE_BYTES)
         # A binomial broadcast: every round each holder sends one copy; one leader-to-member
         # copy per site gives a round's time.
         members = [group for group in groups if len(group) > 1]

@@ -1,10 +1,11 @@
 """The reduced step model: training rounds composed from simulated message times, per device.
 
 Each round, every device computes under its CFS quota (`cpu.CfsQuota`); Horovod's background
-loop runs coordination cycles back to back, each cycle one chain of single messages (see
-`exchange`); the cycle that finds every device's tensors ready starts the collective, whose
-ring hops are composed from SimGrid's per-message times by the ring's data dependencies. The
-next round starts where the collective ends (or, with overlap, compute runs one round ahead).
+loop runs coordination cycles back to back, each cycle one chain of single messages per
+process set (see `exchange` and `collectives.Coordination`); the cycle that finds every
+device's tensors ready starts the collective, whose ring hops are composed from SimGrid's
+per-message times by the ring's data dependencies. The next round starts where the
+collective ends (or, with overlap, compute runs one round ahead).
 
 What makes 10,000 devices cheap (checked against the unreduced, message-by-message SimGrid
 simulation in `protocol` on small fleets): SimGrid simulates one hop of each phase (its
@@ -24,11 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from globaldl.simulate.collectives import (
-    chain_cycle,
+    Coordination,
     chain_sends,
     collective_of,
-    receiver_notify_seconds,
-    sender_seconds,
+    coordination_of,
 )
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS, CfsQuota
 from globaldl.simulate.exchange import (
@@ -120,7 +120,7 @@ def _coordinate(
     compute_start: np.ndarray,
     work: np.ndarray,
     cycle_seconds: float,
-    chain: tuple[np.ndarray, np.ndarray, np.ndarray],
+    coordination: Coordination,
     cpu_per_cycle: np.ndarray,
     message_cpu: np.ndarray,
     rng: np.random.Generator,
@@ -131,7 +131,6 @@ def _coordinate(
     start, so both draw on the same quota in time order; a throttled device's loop waits.
     """
     cpu, ranks = loops.cpu, len(work)
-    chain_seconds, chain_jitter, chain_notify = chain
     position, remaining = compute_start, work
     ready = np.full(ranks, np.inf)
     entry = np.maximum(loops.loop_free, loops.last_cycle + cycle_seconds)
@@ -141,11 +140,8 @@ def _coordinate(
         ready = np.where(np.isinf(ready) & (remaining <= 0), position, ready)
         entry = cpu.available_at(entry)
         started = cpu.run(entry, cpu_per_cycle)
-        hop = chain_seconds
-        if np.any(chain_jitter > 0):
-            hop = np.maximum(hop + rng.uniform(-1.0, 1.0, ranks) * chain_jitter, 0.0)
-        done, wait = chain_cycle(started, hop, message_cpu, chain_notify)
-        loops.note_wait(wait, "coordination chain")
+        done, wait, where = coordination.run(started, message_cpu, rng)
+        loops.note_wait(wait, where)
         cycles += 1
         if np.all(ready <= entry) or cycles >= MAX_CYCLES_PER_ROUND:
             loops.last_cycle = entry
@@ -176,13 +172,10 @@ def simulate_steps(
     if ranks < 2:
         return _single_device(cpu, work, local_steps, max_rounds)
     message_cpu = parameters.message_cpu_seconds / speeds
+    cycle = coordination_of(fleet, mode, network)
     cpu_per_cycle = (
-        parameters.cycle_cpu_seconds + chain_sends(ranks) * parameters.message_cpu_seconds
+        parameters.cycle_cpu_seconds + cycle.sends(ranks) * parameters.message_cpu_seconds
     ) / speeds
-    chain = (
-        *sender_seconds(ranks, network["chain"]),
-        receiver_notify_seconds(ranks, network["chain"]),
-    )
     collective = collective_of(fleet, mode, network)
     operations = collective.operations() * mode.rounds
     messages = sum(operation.messages() for operation in operations)
@@ -198,7 +191,7 @@ def simulate_steps(
             compute_start,
             work,
             workload.cycle_time_seconds,
-            chain,
+            cycle,
             cpu_per_cycle,
             message_cpu,
             rng,
@@ -220,7 +213,7 @@ def simulate_steps(
                     finish,
                     np.zeros(ranks),
                     workload.cycle_time_seconds,
-                    chain,
+                    cycle,
                     cpu_per_cycle,
                     message_cpu,
                     rng,
@@ -251,7 +244,9 @@ def simulate_steps(
     )
     tx = collective_tx_bytes(fleet, mode, workload.payload_bytes)
     wire = tx * (FRAME_OVERHEAD + ACK_BYTES_PER_RECEIVED_BYTE)
-    wire = wire + parameters.coordination_bytes_per_cycle * cycles
+    # The measured bytes per cycle are a flat chain's; more process sets send more per cycle.
+    chains = cycle.sends(ranks) / chain_sends(ranks)
+    wire = wire + parameters.coordination_bytes_per_cycle * cycles * chains
     return StepEstimate(
         step_seconds=float(np.mean(durations[measured])) / local_steps,
         compute_seconds=float(compute) / local_steps,

@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from globaldl.fleet.profiles import LinkProfile
-from globaldl.simulate.collectives import RingStage, chain_cycle, chain_sends, ring_finish
+from globaldl.simulate.collectives import (
+    RingStage,
+    chain_cycle,
+    chain_sends,
+    coordination_of,
+    ring_allgather_word,
+    ring_finish,
+)
 from globaldl.simulate.exchange import ExchangeMode, ExchangeParameters, Hops, plan_network
 from globaldl.simulate.platform import Device, Fleet, Site, link_directions, uniform_fleet
 from globaldl.simulate.steps import Workload, simulate_steps
@@ -191,6 +198,53 @@ def test_the_hierarchys_three_operations_each_wait_for_a_cycle_of_their_own():
     assert estimate.cycles_per_step == pytest.approx(2 + 2)
     # Each extra cycle's word crosses the 4-rank ring twice: 6 hops of 0.1 s, twice.
     assert estimate.collective_seconds >= 2 * 6 * 0.1
+
+
+def _two_sites_of_two():
+    profile = LinkProfile("test", 5000, 17500)
+    up, down = link_directions(profile)
+    sites = (Site("a", up, down), Site("b", up, down))
+    return Fleet(tuple(Device(profile, cpu_cores=1.0, site=rank // 2) for rank in range(4)), sites)
+
+
+def test_a_hierarchy_cycle_agrees_on_the_process_sets_then_coordinates_every_set_in_turn():
+    fleet = _two_sites_of_two()
+    cycles = {}
+    for mode in (ExchangeMode("sites", hierarchy="sites"), ExchangeMode("flat")):
+        phases = plan_network(fleet, mode, 240_000).phases
+        network = {name: _hops(phase, latency=0.1) for name, phase in phases.items()}
+        cycles[mode.name] = coordination_of(fleet, mode, network)
+    start, cpu = np.zeros(4), np.zeros(4)
+    flat, _, _ = cycles["flat"].run(start, cpu, RNG)
+    # The global word's chain alone: 2(N-1) = 6 messages of 0.1 s; rank 1 has it last.
+    assert flat == pytest.approx([0.3, 0.6, 0.5, 0.4])
+    sites, _, where = cycles["sites"].run(start, cpu, RNG)
+    # Dynamic process sets: the two-integer allgather first (N-1 = 3 hops, all done at 0.3),
+    # the global chain (done at 0.6-0.9), each site's chain (rank 1 at 1.1, rank 3 at 1.0),
+    # then the leaders' (ranks 0 and 2: 1.1 and 1.2). Twice the flat cycle.
+    assert sites == pytest.approx([1.1, 1.1, 1.2, 1.0])
+    # The longest wait for one message: rank 0, in its site's chain from 0.6 until rank 1's
+    # word comes at 1.0.
+    assert where == "site coordination chain"
+    # Messages per cycle: 3 in the allgather, the global chain's, the site's, the leaders'.
+    assert cycles["sites"].sends(4).tolist() == [3 + 1 + 1 + 1, 3 + 1 + 1, 3 + 2 + 1 + 1, 3 + 2 + 1]
+    assert cycles["flat"].sends(4).tolist() == chain_sends(4).tolist()
+
+
+def test_the_allgather_of_one_word_ends_when_the_farthest_word_has_come_round_the_ring():
+    hop, notify = np.array([0.1, 0.2, 0.3, 0.4]), np.full(4, 0.05)
+    # Entered together: rank q waits for the word of rank q+3, three hops away (each hop the
+    # receiver's notification back and the message there). Rank 0: words from 3 -> 2 -> 1 -> 0.
+    done = ring_allgather_word(np.zeros(4), hop, notify, np.zeros(4))
+    assert done[0] == pytest.approx((0.4 + 0.05) + (0.3 + 0.05) + (0.2 + 0.05))
+    # Rank 1 receives all three words over its link from rank 2, one after the other.
+    assert done[1] == pytest.approx(3 * (0.3 + 0.05))
+    # A late rank holds everyone up by its lateness, less its distance, and then receives its
+    # own three words one hop after the other.
+    late = ring_allgather_word(
+        np.array([0.0, 0.0, 0.0, 5.0]), np.full(4, 0.1), np.zeros(4), np.zeros(4)
+    )
+    assert late == pytest.approx([5.3, 5.2, 5.1, 5.3])
 
 
 def test_local_steps_with_overlap_hide_the_exchange_behind_compute():
