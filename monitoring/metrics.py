@@ -86,6 +86,15 @@ class TrainingMetrics:
             registry=registry,
         )
         self._phase_seconds = {phase: phase_seconds.labels(*labels, phase) for phase in PHASES}
+        # Set once, by the first step (the series appear then, not as a false 0).
+        self._first_step_seconds: Gauge | None = Gauge(
+            "globaldl_first_step_phase_seconds",
+            "Seconds this worker's first step spent in each phase (also in "
+            "globaldl_step_phase_seconds): it traces the step and waits for Horovod's first "
+            "negotiation; subtract it for the steady steps.",
+            [*LABEL_NAMES, "phase"],
+            registry=registry,
+        )
         # A round end's seconds, reported with the step that follows it (see observe_round).
         self._round_seconds = dict.fromkeys(PHASES, 0.0)
         self._step_seconds = Histogram(
@@ -203,6 +212,10 @@ class TrainingMetrics:
         _check_count("gradient_bytes_wire", gradient_bytes_wire)
         for phase, phase_seconds_value in seconds.items():
             self._phase_seconds[phase].observe(phase_seconds_value)
+        if self._first_step_seconds is not None:
+            for phase, phase_seconds_value in seconds.items():
+                self._first_step_seconds.labels(*self.label_values, phase).set(phase_seconds_value)
+            self._first_step_seconds = None
         self._step_seconds.observe(sum(seconds.values()))
         self._steps.inc()
         if skipped:

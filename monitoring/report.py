@@ -49,17 +49,36 @@ class RankTotals:
     phase_seconds: dict[str, float]
     gradient_bytes_raw: float
     gradient_bytes_wire: float
+    # The first step's phases (counted in phase_seconds too), when the source recorded them.
+    first_step_phase_seconds: dict[str, float] | None = None
+
+    @property
+    def steady_phase_seconds_per_step(self) -> dict[str, float]:
+        """Mean seconds per step in each phase, the first step left out when it is known.
+
+        The first step traces the graph and waits for Horovod's first negotiation (seconds on
+        a slow device, on every rank): in a short run it would outweigh the steady steps.
+        """
+        first, steps = self.first_step_phase_seconds, self.steps
+        if first is None or steps < 2:
+            return {phase: seconds / steps for phase, seconds in self.phase_seconds.items()}
+        return {
+            phase: max(seconds - first.get(phase, 0.0), 0.0) / (steps - 1)
+            for phase, seconds in self.phase_seconds.items()
+        }
 
     @property
     def step_seconds(self) -> float:
-        """Mean seconds per step."""
-        return sum(self.phase_seconds.values()) / self.steps if self.steps else math.nan
+        """Mean seconds per step (steady: see steady_phase_seconds_per_step)."""
+        return sum(self.steady_phase_seconds_per_step.values()) if self.steps else math.nan
 
     @property
     def local_step_seconds(self) -> float:
         """Mean seconds per step outside the exchange (where a fast rank waits for the slowest)."""
-        local = sum(seconds for phase, seconds in self.phase_seconds.items() if phase != "exchange")
-        return local / self.steps if self.steps else math.nan
+        if not self.steps:
+            return math.nan
+        per_step = self.steady_phase_seconds_per_step
+        return sum(seconds for phase, seconds in per_step.items() if phase != "exchange")
 
 
 @dataclass(frozen=True)
@@ -158,9 +177,7 @@ class RunData:
 def device_profiles(run: RunData) -> list[DeviceProfile]:
     """Each device's own seconds per step and waiting for peers (see own_seconds_per_step)."""
     per_rank = {
-        (rank.device, rank.rank): {
-            phase: seconds / rank.steps for phase, seconds in rank.phase_seconds.items()
-        }
+        (rank.device, rank.rank): rank.steady_phase_seconds_per_step
         for rank in run.ranks
         if rank.steps > 0
     }
@@ -196,6 +213,8 @@ def load_from_summary(path: Path) -> RunData:
     document = run_summary.read(Path(path))
     ranks = max(int(document["ranks"]), 1)
     device = (document.get("devices") or ["rank 0"])[0]
+    own_totals = (document.get("rank_totals") or [{}])[0]
+    first_step = own_totals.get("first_step_phase_seconds")
     rank0 = RankTotals(
         rank=0,
         device=device,
@@ -205,6 +224,7 @@ def load_from_summary(path: Path) -> RunData:
         phase_seconds=check_phase_seconds(document["phase_seconds"]),
         gradient_bytes_raw=float(document["gradient_bytes_raw"]),
         gradient_bytes_wire=float(document["gradient_bytes_wire"]),
+        first_step_phase_seconds=check_phase_seconds(first_step) if first_step else None,
     )
     epochs = [
         EpochPoint(
@@ -266,6 +286,7 @@ def load_from_prometheus(
         return _by_labels(api.query(expr, time_seconds=evaluated_at), *names)
 
     phase_seconds = last("globaldl_step_phase_seconds_sum", "device", "rank", "phase")
+    first_step = last("globaldl_first_step_phase_seconds", "device", "rank", "phase")
     steps = last("globaldl_steps_total", "device", "rank")
     skipped = last("globaldl_skipped_steps_total", "device", "rank")
     examples = last("globaldl_examples_total", "device", "rank")
@@ -282,6 +303,11 @@ def load_from_prometheus(
             },
             gradient_bytes_raw=gradient_bytes.get((device, rank, "raw"), 0.0),
             gradient_bytes_wire=gradient_bytes.get((device, rank, "wire"), 0.0),
+            first_step_phase_seconds=(
+                {phase: first_step.get((device, rank, phase), 0.0) for phase in PHASES}
+                if any(key[:2] == (device, rank) for key in first_step)
+                else None
+            ),
         )
         for (device, rank), count in sorted(steps.items(), key=lambda item: int(item[0][1]))
     ]
@@ -644,7 +670,9 @@ def write_report(run: RunData, out_dir: Path) -> Path:
         "",
         "The bottleneck is the phase with the largest share of a device's own step time, the "
         "exchange counting only its transfer time, not waiting for slower peers "
-        "(globaldl.monitoring.phases; in Prometheus, globaldl:bottleneck_share:ratio).",
+        "(globaldl.monitoring.phases; in Prometheus, globaldl:bottleneck_share:ratio). "
+        "Per-step means leave each rank's first step out where it was recorded: it traces the "
+        "step and waits for Horovod's first negotiation.",
     ]
     tables: Mapping[str, list[str]] = {
         "Step time by phase": _phase_table(run),

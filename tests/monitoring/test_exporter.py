@@ -100,6 +100,24 @@ def test_scrape_reports_observed_steps_with_run_rank_and_device_labels(exporter)
     assert value(scraped, "globaldl_run_start_time_seconds") == pytest.approx(time.time(), abs=60)
 
 
+def test_the_first_step_is_exported_apart_once_it_ran_and_never_overwritten(exporter):
+    def first_step_series(scraped):
+        return {labels for name, labels in scraped if name == "globaldl_first_step_phase_seconds"}
+
+    assert not first_step_series(samples(scrape(exporter.url)))  # no false 0 before it
+    exporter.observe_step({"compute": 3.0, "exchange": 7.0}, 32, 1000, 100, loss=1.0)
+    feed(exporter)
+    scraped = samples(scrape(exporter.url))
+    assert len(first_step_series(scraped)) == len(PHASES)
+    assert value(scraped, "globaldl_first_step_phase_seconds", phase="exchange") == 7.0
+    assert value(scraped, "globaldl_first_step_phase_seconds", phase="compute") == 3.0
+    assert value(scraped, "globaldl_first_step_phase_seconds", phase="data_load") == 0.0
+    # It is counted in the phase sums too: the report subtracts it.
+    assert value(scraped, "globaldl_step_phase_seconds_sum", phase="exchange") == pytest.approx(
+        7.0 + 4 * STEP["exchange"]
+    )
+
+
 def test_device_resources_come_from_psutil_at_scrape_time(exporter):
     scraped = samples(scrape(exporter.url))
     assert 0.0 <= value(scraped, "globaldl_device_cpu_utilization_ratio") <= 1.0

@@ -1,3 +1,4 @@
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -143,6 +144,27 @@ def test_device_bottleneck_counts_waiting_for_peers_apart_from_the_exchange():
         "On edge-a, the bottleneck is data_load: 75% of its own step time "
         "(150.0 ms of 200.0 ms per step; it also waited 95.0 ms per step for slower peers)."
     )
+
+
+def test_a_short_runs_first_step_does_not_make_the_exchange_its_bottleneck():
+    """Both ranks wait seconds in their first step's exchange (tracing, Horovod's first
+    negotiation); over 10 steps of slow input that would outweigh the input's 0.2 s a step."""
+    first = dict.fromkeys(PHASE_SECONDS, 0.0) | {"exchange": 5.0}
+
+    def rank(number, recorded_first):
+        # 9 steady steps of 0.2 s waiting for input, plus the first step's 5 s exchange.
+        phase_seconds = dict.fromkeys(PHASE_SECONDS, 0.0) | {"data_load": 1.8, "exchange": 5.0}
+        phase_seconds["compute"] = 0.2
+        return RankTotals(number, "edge-a", 10, 0, 320, phase_seconds, 0, 0, recorded_first)
+
+    recorded = RunData("r", "test", [rank(0, first), rank(1, first)])
+    [bottleneck] = device_bottlenecks(recorded)
+    assert bottleneck.phase == "data_load"
+    assert bottleneck.own_step_seconds == pytest.approx((1.8 + 0.2) / 9)
+    assert recorded.ranks[0].step_seconds == pytest.approx((1.8 + 0.2) / 9)
+    # Without the first step's phases (older exporters) the mean carries it.
+    [unknown] = device_bottlenecks(RunData("r", "test", [rank(0, None), rank(1, None)]))
+    assert unknown.phase == "exchange"
 
 
 def test_report_needs_exactly_one_source(tmp_path):
