@@ -56,9 +56,16 @@ def write_text_atomically(path: Path, text: str, mode: int = DEFAULT_MODE) -> No
     write_bytes_atomically(path, text.encode("utf-8"), mode)
 
 
-def write_json_atomically(path: Path, document: Any, mode: int = DEFAULT_MODE) -> None:
-    """Write `document` as indented JSON with sorted keys and a final newline, atomically."""
-    write_text_atomically(path, json.dumps(document, indent=2, sort_keys=True) + "\n", mode)
+def write_json_atomically(
+    path: Path, document: Any, mode: int = DEFAULT_MODE, *, indent: int | None = 2
+) -> None:
+    """Write `document` as JSON with sorted keys and a final newline, atomically.
+
+    Indented by default; `indent=None` writes it compact (large machine-read records).
+    """
+    separators = (",", ":") if indent is None else None
+    text = json.dumps(document, indent=indent, sort_keys=True, separators=separators)
+    write_text_atomically(path, text + "\n", mode)
 
 
 def _fsync_directory(directory: Path) -> None:

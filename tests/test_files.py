@@ -52,3 +52,11 @@ def test_atomic_path_replaces_the_target_with_what_a_writer_left_under_the_tempo
         temporary.write_bytes(b"records")
     assert target.read_bytes() == b"records" and _mode(target) == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["data.tfrecord"]
+
+
+def test_compact_json_is_one_line_with_sorted_keys_and_the_same_document(tmp_path: Path) -> None:
+    path = tmp_path / "record.json"
+    document = {"b": {"y": [1, 2]}, "a": 1.5}
+    write_json_atomically(path, document, indent=None)
+    assert path.read_text() == '{"a":1.5,"b":{"y":[1,2]}}\n'
+    assert json.loads(path.read_text()) == document

@@ -357,6 +357,8 @@ def write_outputs(
         columns=columns or None,
         markdown_rows=presented(rows, columns or list(rows[0]) if rows else []),
         machine=machine,
+        # Every run's record (summaries included): indented it outgrew 2 MiB at 59 runs.
+        compact_json=True,
         extra={
             "experiment": experiment.get_config(),
             "complete": complete,
