@@ -68,15 +68,16 @@ def test_the_answer_follows_the_best_mode_not_a_slow_one_still_gaining_from_its_
     }
 
 
+def _lenet_on_lte(devices, modes):
+    """A short LeNet projection on LTE links (12 steps per point)."""
+    return ProjectionRequest(
+        devices=devices, mix=parse_mix_shares("lte:100"), model="lenet", steps=12, modes=modes
+    )
+
+
 def test_a_small_projection_writes_its_tables_plot_and_readme_section(tmp_path):
     profiles = default_profiles()
-    request = ProjectionRequest(
-        devices=(2, 8),
-        mix=parse_mix_shares("lte:100"),
-        model="lenet",
-        steps=12,
-        modes=("dense", "gather"),
-    )
+    request = _lenet_on_lte((2, 8), ("dense", "gather"))
     parameters_path = DEFAULT_OUT_DIR / PARAMETERS_FILE
     rows = project(request, load_observations(), read_parameters(parameters_path), profiles)
     assert [(row["devices"], row["mode"]) for row in rows] == [
@@ -112,13 +113,7 @@ def test_a_small_projection_writes_its_tables_plot_and_readme_section(tmp_path):
 
 
 def test_summed_sparse_payloads_stay_flat_per_device_where_gathered_ones_grow_with_n():
-    request = ProjectionRequest(
-        devices=(2, 200),
-        mix=parse_mix_shares("lte:100"),
-        model="lenet",
-        steps=12,
-        modes=("gather", "sparse-sum"),
-    )
+    request = _lenet_on_lte((2, 200), ("gather", "sparse-sum"))
     parameters = read_parameters(DEFAULT_OUT_DIR / PARAMETERS_FILE)
     rows = project(request, load_observations(), parameters, default_profiles())
     row = {(row["devices"], row["mode"]): row for row in rows}
