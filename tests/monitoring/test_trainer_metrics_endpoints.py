@@ -43,8 +43,9 @@ def test_both_ranks_serve_step_phases_that_pass_promtool_during_a_real_run(
         "lenet",
         "--dataset",
         "mnist",
+        # Two epochs (about 10 s of steps here) outlast the two scrapes with promtool's checks.
         "--epochs",
-        "4",
+        "2",
         "--metrics-port",
         str(base_port),
         "--summary",
