@@ -119,3 +119,26 @@ def test_targets_are_read_from_the_recommended_run_against_its_baselines(tmp_pat
     assert "| lenet | 4 | 16 | prune+quantize | 0.94 | 0.954 | not reached | 8 |" in markdown
     for name in ("rounds.png", "rounds-cost.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_recommended_run_that_never_reaches_the_target_misses_the_unshaped_goal(
+    tmp_path: Path,
+) -> None:
+    experiment = RoundsExperiment(quick=True)
+    numbers = {
+        "lenet-n4-step-none": ([100.0, 100.0], [0.93, 0.96], {}),
+        "lenet-n4-step-none-unshaped": ([5.0, 5.0], [0.96, 0.97], {}),
+        "lenet-n4-h16-prune_quantize-overlap": ([4.0, 4.0], [0.90, 0.946], {}),
+        "lenet-n4-h16-prune_quantize": ([6.0, 6.0], [0.90, 0.953], {}),
+    }
+    results = []
+    for repeat in (1, 2, 3):
+        for spec in experiment.plan():
+            seconds, accuracies, rounds = numbers[spec.label]
+            run = result(spec, _summary(seconds, accuracies, **rounds))
+            run.repeat = repeat
+            results.append(run)
+    report = write_outputs(experiment, results, tmp_path)
+    [unshaped] = [check for check in report.targets if "within 1.2x" in check.goal]
+    assert unshaped.met is False
+    assert unshaped.measured == "not reached by the rounds run; unshaped 5.00 s"
