@@ -429,7 +429,9 @@ def load_observations(
         document = json.loads(path.read_text())
         if not isinstance(document, dict) or "runs" not in document:
             continue
-        experiment = str((document.get("experiment") or {}).get("name") or path.parent.name)
+        # The folder names the experiment: one experiment's plans (rounds and its quick plan,
+        # rounds-quick) share run labels but not their lengths, so they stay apart.
+        experiment = path.parent.name
         machine = document.get("machine") or {}
         for run in document["runs"]:
             # Runs taken before the runs kept their own machine record share the document's.

@@ -32,7 +32,7 @@ from globaldl.simulate.exchange import (
     ExchangeParameters,
 )
 from globaldl.simulate.platform import Fleet
-from globaldl.simulate.steps import Workload
+from globaldl.simulate.steps import OVERLAP_HANDOFF_SECONDS, Workload
 from globaldl.simulate.topology import Link, Platform, route_latency_seconds
 
 # The training thread's compute is handed to the CFS model in slices this long, so that the
@@ -238,7 +238,14 @@ def _simulate(
                 simgrid.this_actor.sleep_until(cpu.available_at(np.array([now()]), [rank])[0])
                 last_cycle = now()
                 done = ready_times[rank]
-                ready = len(done) > round_index and done[round_index] <= last_cycle
+                # With overlap a round's delta reaches Horovod only after the round before
+                # it has finished (see `steps`).
+                handed = ends[rank, round_index - 1] + OVERLAP_HANDOFF_SECONDS
+                ready = (
+                    len(done) > round_index
+                    and done[round_index] <= last_cycle
+                    and not (mode.overlap and round_index and handed > last_cycle)
+                )
                 spend(rank, cycle_cpu[rank])
                 if rank == 0:
                     cycles[round_index] += 1

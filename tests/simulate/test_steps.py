@@ -257,6 +257,18 @@ def test_local_steps_with_overlap_hide_the_exchange_behind_compute():
     )
 
 
+def test_overlap_with_a_short_round_hands_its_delta_over_after_the_cycle_began():
+    # Compute (8 x 10 ms) is shorter than the exchange. A device hands round t+1's delta to
+    # Horovod only once round t has finished, when the loop has already begun a cycle without
+    # it: that cycle, then one that sees it, then the ring, as without overlap. The compute
+    # is hidden in both (it fits in the missed cycle), so overlap saves nothing here.
+    plain = _estimate(ExchangeMode("local", local_steps=8), compute=0.01)
+    overlapped = _estimate(ExchangeMode("local", local_steps=8, overlap=True), compute=0.01)
+    assert plain.step_seconds * 8 == pytest.approx((4 + 1 + 6 + 6) * 0.1, rel=0.02)
+    assert overlapped.step_seconds == pytest.approx(plain.step_seconds, rel=0.02)
+    assert overlapped.cycles_per_step == pytest.approx(plain.cycles_per_step)
+
+
 def test_a_quarter_core_computes_within_its_quota_at_full_speed_and_beyond_it_throttled():
     within = _estimate(ExchangeMode("dense"), compute=0.02, cores=0.25)
     beyond = _estimate(ExchangeMode("dense"), compute=0.05, cores=0.25)
