@@ -76,11 +76,11 @@ def write_results(
     extra: Mapping[str, Any] | None = None,
     markdown_rows: Sequence[Mapping[str, Any]] | None = None,
     machine: Mapping[str, Any] | None = None,
-    compact_json: bool = False,
+    json_indent: int | None = 2,
 ) -> tuple[Path, Path]:
     """Write `name`.json and `name`.md into `out_dir` (atomically); return both paths.
 
-    `compact_json` writes the JSON without indentation (an experiment's record of every run).
+    `json_indent=None` writes the JSON compact (an experiment's record of every run).
 
     The markdown table shows `markdown_rows` when given (e.g. values with their ranges as
     text), else `rows`; the JSON always holds `rows`. `machine` is the machine the numbers
@@ -97,7 +97,7 @@ def write_results(
         **(extra or {}),
     }
     json_path = out_dir / f"{name}.json"
-    write_json_atomically(json_path, document, indent=None if compact_json else 2)
+    write_json_atomically(json_path, document, indent=json_indent)
     machine_line = ", ".join(f"{key} {value}" for key, value in machine.items())
     text = f"# {title}\n\n"
     if command:

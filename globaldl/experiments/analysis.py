@@ -329,6 +329,30 @@ def at_most_times(
     )
 
 
+def at_most_times_to_target(
+    goal: str,
+    value: Measured,
+    reference: Measured,
+    factor: float,
+    value_name: str = "the run",
+    reference_name: str = "baseline",
+) -> TargetCheck:
+    """Met when the median time to target of `value` is at most factor x `reference`'s.
+
+    Values as for `at_least_times_sooner` (a median of "not reached": never reached), but None
+    is a missing run. A `value` that never reached the target misses the goal when the
+    reference reached it; when neither did, the goal is not evaluated.
+    """
+    if value is not None and _spread(value) is None:
+        baseline = _spread(reference)
+        if baseline is None:
+            return TargetCheck(goal, f"{NOT_REACHED} by either run", None)
+        return TargetCheck(
+            goal, f"{NOT_REACHED} by {value_name}; {reference_name} {baseline.text(' s')}", False
+        )
+    return at_most_times(goal, value, reference, factor)
+
+
 NO_RESULT = "no finished run"
 
 

@@ -358,7 +358,7 @@ def write_outputs(
         markdown_rows=presented(rows, columns or list(rows[0]) if rows else []),
         machine=machine,
         # Every run's record (summaries included): indented it outgrew 2 MiB at 59 runs.
-        compact_json=True,
+        json_indent=None,
         extra={
             "experiment": experiment.get_config(),
             "complete": complete,

@@ -240,12 +240,10 @@ def _simulate(
                 done = ready_times[rank]
                 # With overlap a round's delta reaches Horovod only after the round before
                 # it has finished (see `steps`).
-                handed = ends[rank, round_index - 1] + OVERLAP_HANDOFF_SECONDS
-                ready = (
-                    len(done) > round_index
-                    and done[round_index] <= last_cycle
-                    and not (mode.overlap and round_index and handed > last_cycle)
+                handed_over = not (mode.overlap and round_index) or (
+                    ends[rank, round_index - 1] + OVERLAP_HANDOFF_SECONDS <= last_cycle
                 )
+                ready = len(done) > round_index and done[round_index] <= last_cycle and handed_over
                 spend(rank, cycle_cpu[rank])
                 if rank == 0:
                     cycles[round_index] += 1
