@@ -15,7 +15,7 @@ demo: setup
 # sys.path, where the folder compression/ would shadow the standard library's `compression`.
 # The slowest tests are listed at the end: CI has 30 minutes, and this shows where they go.
 test: setup lint
-	@$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
+	@$(VENV)/bin/pytest -q -p no:cacheprovider --durations=40 $(PYTEST_ARGS)
 
 # Part of `make test` (and so of CI): lint findings and unformatted files fail the run.
 lint: setup

@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from horovod_launch import ElasticLaunch
@@ -35,10 +34,11 @@ TRAIN = [
     "0",
 ]
 KILL_AFTER_EPOCH_SECONDS = 3.0  # into the second epoch (an epoch takes ~15-40 s here)
-# A single killed run against a single uninterrupted one: 4 epochs leave run-to-run spread
-# (CI, 2026-11-26: 0.944 against 0.958), so this checks that learning survives the kill; the
-# 1-point target is evaluated by `globaldl experiment chaos` on medians of repeats.
-MAX_ACCURACY_LOSS = 0.02
+# Learning survives the kill: the floor the joined run is held to too. One killed run against one
+# uninterrupted one said little more (4 epochs leave run-to-run spread; CI, 2026-11-26: 0.944
+# against 0.958) and cost a third run; the 1-point loss target is evaluated by
+# `globaldl experiment chaos` on medians of repeats.
+MIN_ACCURACY = 0.90
 # A survivor notices a dead peer either at once (connection reset) or when Gloo's wait for it
 # times out: rings form under the 60 s join timeout and train under the 10 s collective one.
 GLOO_TIMEOUT = {
@@ -51,24 +51,8 @@ def _env(worker_env: dict[str, str]) -> dict[str, str]:
     return {**worker_env, **GLOO_TIMEOUT}
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(
-    tmp_path_factory: pytest.TempPathFactory, venv_bin: Path, worker_env: dict[str, str]
-) -> dict[str, Any]:
-    launch = ElasticLaunch(
-        tmp_path_factory.mktemp("uninterrupted"),
-        TRAIN,
-        _env(worker_env),
-        ["localhost:2", "127.0.0.1:1"],
-        np=3,
-        min_np=2,
-        max_np=3,
-    )
-    return launch.summary()
-
-
 def test_elastic_kill_one_of_three_workers_and_the_run_completes(
-    tmp_path: Path, uninterrupted: dict[str, Any], worker_env: dict[str, str]
+    tmp_path: Path, venv_bin: Path, worker_env: dict[str, str]
 ) -> None:
     launch = ElasticLaunch(
         tmp_path,
@@ -100,12 +84,7 @@ def test_elastic_kill_one_of_three_workers_and_the_run_completes(
     # The learning rate and the global batch follow the new size.
     assert result["learning_rate"] == pytest.approx(0.01 * 2)
     assert result["global_batch_size"] == 16 * 2
-    assert uninterrupted["elastic"]["sizes"] == [3]
-    # Losing at most MAX_ACCURACY_LOSS; the resized run may also end higher.
-    assert result["val_accuracy"] >= uninterrupted["val_accuracy"] - MAX_ACCURACY_LOSS, (
-        result["val_accuracy"],
-        uninterrupted["val_accuracy"],
-    )
+    assert result["val_accuracy"] >= MIN_ACCURACY, result["val_accuracy"]
 
 
 def test_elastic_worker_joins_mid_run_and_ends_with_the_same_weights(
@@ -136,7 +115,7 @@ def test_elastic_worker_joins_mid_run_and_ends_with_the_same_weights(
     assert len(result["weight_digests"]) == 3 and result["weights_identical"], result[
         "weight_digests"
     ]
-    assert result["val_accuracy"] >= 0.90
+    assert result["val_accuracy"] >= MIN_ACCURACY, result["val_accuracy"]
 
 
 def test_elastic_steps_too_slow_for_the_collective_timeout_loosen_it_once(
