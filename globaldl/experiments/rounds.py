@@ -44,6 +44,13 @@ COMPRESSED = "prune+quantize"  # top-k 1% + int8, with error feedback
 CPU_CORES = 2.0  # the reference machine: the fleet shares its two cores
 FACTOR_SOONER, FACTOR_UNSHAPED = 20.0, 1.2
 MIN_BYTES_REDUCTION, MAX_ACCURACY_LOSS, MIN_UTILISATION = 1000.0, 0.005, 0.85
+# The outer optimizer's settings per name. SGD: train's defaults (learning rate 1, no momentum:
+# plain model averaging). Nesterov: DiLoCo's outer learning rate and momentum (Douillard et al.
+# 2023), which train does not pick by itself (its outer learning rate defaults to 1 for both).
+OUTER_SETTINGS: dict[str, tuple[str, ...]] = {
+    "sgd": (),
+    "nesterov": ("--outer-lr", "0.7", "--outer-momentum", "0.9"),
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,11 @@ class Variant:
     overlap: bool = False
     outer_optimizer: str = "sgd"
     shaped: bool = True
+
+    def __post_init__(self) -> None:
+        if self.outer_optimizer not in OUTER_SETTINGS:
+            raise ValueError(f"rounds variant outer_optimizer {self.outer_optimizer!r} is not "
+                             f"allowed; use one of {sorted(OUTER_SETTINGS)}")  # fmt: skip
 
     @property
     def name(self) -> str:
@@ -91,6 +103,7 @@ class Variant:
             args += ["--sync-every", str(self.sync_every)]
             args += ["--overlap"] if self.overlap else []
             args += ["--outer-optimizer", self.outer_optimizer]
+            args += OUTER_SETTINGS[self.outer_optimizer]
         return tuple(args)
 
 

@@ -65,6 +65,17 @@ def test_every_run_builds_valid_train_settings(quick: bool, tmp_path: Path) -> N
         built = resolve_settings({}, config, environ={})
         assert str(built.sync_interval) == str(spec.factors["sync_every"])
         assert built.overlap == spec.factors["overlap"]
+        if spec.factors["sync_every"] > 1:
+            # Nesterov at DiLoCo's 0.7 / 0.9 (train's own default learning rate is 1); SGD at 1
+            # with no momentum, plain model averaging.
+            outer = (built.outer_optimizer, built.outer_lr, built.outer_momentum)
+            expected = {"nesterov": ("nesterov", 0.7, 0.9), "sgd": ("sgd", 1.0, None)}
+            assert outer == expected[spec.factors["outer_optimizer"]], spec.label
+
+
+def test_a_variant_with_an_unknown_outer_optimizer_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="outer_optimizer 'adam' is not allowed.*nesterov"):
+        Variant("lenet", 4, 16, outer_optimizer="adam")
 
 
 def _summary(seconds: list[float], accuracies: list[float], **rounds: Any) -> dict[str, Any]:
