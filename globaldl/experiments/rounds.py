@@ -35,6 +35,7 @@ from globaldl.experiments.spec import (
     compression_args,
     slug,
 )
+from globaldl.local_sgd.schedule import DEFAULT_OUTER_MOMENTUM, DILOCO_OUTER_LR
 
 SHAPED_PROFILE = "custom:5:20:50"  # 5 Mbit/s up, 20 down, 50 ms one way (branch `links`)
 UNSHAPED_PROFILE = "custom:10000:10000"  # far above what the devices push; no delay
@@ -45,12 +46,15 @@ CPU_CORES = 2.0  # the reference machine: the fleet shares its two cores
 FACTOR_SOONER, FACTOR_UNSHAPED = 20.0, 1.2
 MIN_BYTES_REDUCTION, MAX_ACCURACY_LOSS, MIN_UTILISATION = 1000.0, 0.005, 0.85
 # The outer optimizer's settings per name. SGD: train's defaults (learning rate 1, no momentum:
-# plain model averaging). Nesterov: DiLoCo's outer learning rate and momentum (Douillard et al.
-# 2023), which train does not pick by itself (its outer learning rate defaults to 1 for both).
+# plain model averaging). Nesterov: DiLoCo's learning rate and momentum, named in the command
+# (train's outer learning rate defaults to 1 for both).
 OUTER_SETTINGS: dict[str, tuple[str, ...]] = {
     "sgd": (),
-    "nesterov": ("--outer-lr", "0.7", "--outer-momentum", "0.9"),
-}
+    "nesterov": (
+        "--outer-lr", f"{DILOCO_OUTER_LR:g}",
+        "--outer-momentum", f"{DEFAULT_OUTER_MOMENTUM['nesterov']:g}",
+    ),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

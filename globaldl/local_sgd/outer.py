@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import tensorflow as tf
 
+from globaldl.local_sgd.schedule import DEFAULT_OUTER_MOMENTUM, DILOCO_OUTER_LR
+
 
 class OuterOptimizer:
     """Steps the global weights with the averaged pseudo-gradient, once per round.
@@ -114,7 +116,11 @@ class OuterNesterov(OuterOptimizer):
 
     name = "nesterov"
 
-    def __init__(self, learning_rate: float = 0.7, momentum: float = 0.9) -> None:
+    def __init__(
+        self,
+        learning_rate: float = DILOCO_OUTER_LR,
+        momentum: float = DEFAULT_OUTER_MOMENTUM["nesterov"],
+    ) -> None:
         super().__init__(learning_rate, momentum)
 
     def _step(self, pseudo_gradient: tf.Tensor, velocity: tf.Tensor) -> tf.Tensor:

@@ -12,6 +12,9 @@ from typing import Any
 
 OUTER_OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "nesterov")
 DEFAULT_OUTER_MOMENTUM = {"sgd": 0.0, "nesterov": 0.9}
+# DiLoCo's outer learning rate for Nesterov (Douillard et al. 2023). `--outer-lr` defaults to 1
+# for every optimizer, so a run asks for this one by name.
+DILOCO_OUTER_LR = 0.7
 
 _SECONDS = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*s\s*$")
 _HELP = "use a whole number of steps >= 1 (e.g. 16) or a number of seconds > 0 with s (e.g. 2s)"

@@ -143,7 +143,7 @@ def _coordinate(
     A tensor is in when its compute is done (`ready`, returned) and, if given, not before
     `submitted_after`.
     """
-    not_before = np.full(len(work), -np.inf) if submitted_after is None else submitted_after
+    not_before = -np.inf if submitted_after is None else submitted_after
     cpu, ranks = loops.cpu, len(work)
     position, remaining = compute_start, work
     ready = np.full(ranks, np.inf)
