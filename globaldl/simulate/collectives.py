@@ -17,7 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from globaldl.simulate.exchange import ExchangeMode, Hops, site_groups
+from globaldl.simulate.exchange import (
+    ALLREDUCE_MESSAGES_IN_FLIGHT,
+    ExchangeMode,
+    Hops,
+    allreduce_segments,
+    site_groups,
+)
 from globaldl.simulate.platform import Fleet
 
 # Random jitter values drawn per generator call in a ring (bounds the block's memory: 16 MB).
@@ -82,7 +88,12 @@ def _chain(base: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RingStage:
-    """Ring hops over some ranks: who each rank receives from, how long, and how many hops."""
+    """Ring hops over some ranks: who each rank receives from, how long, and how many hops.
+
+    `in_flight`: messages a rank keeps going at once. Gloo's allgather(v) waits for each hop's
+    send and receive before the next (1); its allreduce posts segment i's once segment i-2's are
+    done (2).
+    """
 
     upstream: np.ndarray
     incoming_transfer_seconds: np.ndarray
@@ -90,9 +101,21 @@ class RingStage:
     incoming_jitter_seconds: np.ndarray
     hops: np.ndarray  # per rank; 0 for ranks outside this stage
     notify_seconds: np.ndarray  # per rank: its "ready to receive" on the way to its upstream
+    in_flight: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.in_flight, int) or self.in_flight < 1:
+            raise ValueError(f"in_flight must be an integer >= 1, got {self.in_flight!r}")
 
     @classmethod
-    def of(cls, ranks: int, hops: Hops, upstream: np.ndarray, hop_count: np.ndarray) -> RingStage:
+    def of(
+        cls,
+        ranks: int,
+        hops: Hops,
+        upstream: np.ndarray,
+        hop_count: np.ndarray,
+        in_flight: int = 1,
+    ) -> RingStage:
         """The stage in which rank p receives the message `upstream[p]` sends in `hops`."""
         transfer, latency, jitter = np.zeros(ranks), np.zeros(ranks), np.zeros(ranks)
         notify = np.zeros(ranks)
@@ -107,7 +130,15 @@ class RingStage:
             jitter[upstream],
             hop_count,
             notify[upstream],
+            in_flight,
         )
+
+    def downstream(self) -> np.ndarray:
+        """Per rank, the rank it sends to (itself for ranks outside the stage)."""
+        downstream = np.arange(len(self.upstream))
+        receivers = np.flatnonzero(self.hops > 0)
+        downstream[self.upstream[receivers]] = receivers
+        return downstream
 
 
 def ring_finish(
@@ -118,50 +149,76 @@ def ring_finish(
 ) -> tuple[np.ndarray, float]:
     """When each rank finishes the stage's hops, and the longest wait for one message.
 
-    Rank p's hop k needs its own hop k-1 done and hop k-1 of its upstream neighbour arrived:
-    f[p, k] = max(f[p, k-1], arrival[p, k-1]) + cpu[p]. Messages between two ranks share one
-    TCP connection: the upstream rank pushes a message's bytes only after the previous
-    message's (transfer) and once rank p's "ready to receive", sent when p starts the hop, has
-    come back (Gloo's rendezvous); each message then takes its latency (and jitter) to arrive.
+    With d = `stage.in_flight`, rank p starts hop k (posts its receive, hands its message over)
+    once hop k-1 has started and hop k-d's message has arrived and its own has left:
+    s[p, k] = max(s[p, k-1], arrival[p, k-d], sent[p, k-d]) + cpu[p]; after its last hop it
+    waits for the d still going the same way. Messages between two ranks share one TCP
+    connection: the upstream rank pushes a message's bytes only after the previous message's
+    (transfer) and once rank p's "ready to receive", sent when p starts the hop, has come back
+    (Gloo's rendezvous); each message then takes its latency (and jitter) to arrive.
     """
-    finish = np.array(start_seconds, dtype=float, copy=True)
-    ranks, most = len(finish), int(stage.hops.max(initial=0))
+    start = np.array(start_seconds, dtype=float, copy=True)
+    ranks, most = len(start), int(stage.hops.max(initial=0))
+    if most == 0:
+        return start, 0.0
+    depth = stage.in_flight
     jitter = stage.incoming_jitter_seconds
     jittered = bool(np.any(jitter > 0))
     every_rank = bool(np.all(stage.hops == most))
+    in_stage = stage.hops > 0
     # A flat ring receives from the next rank: a shifted copy is cheaper than a gather.
     next_rank = bool(np.array_equal(stage.upstream, np.roll(np.arange(ranks), -1)))
+    downstream = stage.downstream()
     pushed = np.full(ranks, -np.inf)  # when the upstream rank's previous bytes were out
-    upstream_finish, arrival, wait = np.empty(ranks), np.empty(ranks), np.empty(ranks)
+    # Per hop mod d: the message's arrival at rank p, and when p's own message was out.
+    arrivals = np.full((depth, ranks), -np.inf)
+    departures = np.full((depth, ranks), -np.inf)
+    upstream_start, arrival = np.empty(ranks), np.empty(ranks)
     posted = np.empty(ranks)  # when rank p's receive for this hop is known upstream
     longest = np.zeros(ranks)
     # Jittered delays are drawn for a block of hops at once: one generator call, not one per hop.
     block = max(1, min(most, JITTER_BLOCK_VALUES // max(ranks, 1)))
     delays = np.broadcast_to(stage.incoming_latency_seconds, (block, ranks))
-    for hop in range(most):
+    for hop in range(most + depth):
+        slot = hop % depth
+        if hop:
+            # Hop k starts once hop k-d's message is in and p's own has left; p has waited
+            # for that message since hop k-1 started.
+            waited = np.maximum(arrivals[slot] - start, 0.0)
+            ready = np.maximum(np.maximum(start, arrivals[slot]), departures[slot])
+            ready += message_cpu_seconds
+            if every_rank and hop < most:
+                np.maximum(longest, waited, out=longest)
+                start = ready
+            else:
+                active = in_stage & (hop < stage.hops + depth)
+                np.maximum(longest, np.where(active, waited, 0.0), out=longest)
+                start = np.where(active, ready, start)
+        if hop >= most:
+            arrivals[slot] = departures[slot] = -np.inf
+            continue
         if jittered and hop % block == 0:
             noise = rng.uniform(-1.0, 1.0, (block, ranks)) * jitter
             delays = np.maximum(noise + stage.incoming_latency_seconds, 0.0)
         if next_rank:
-            upstream_finish[:-1] = finish[1:]
-            upstream_finish[-1] = finish[0]
+            upstream_start[:-1] = start[1:]
+            upstream_start[-1] = start[0]
         else:
-            np.take(finish, stage.upstream, out=upstream_finish)
-        np.maximum(upstream_finish, pushed, out=pushed)
-        np.add(finish, stage.notify_seconds, out=posted)
+            np.take(start, stage.upstream, out=upstream_start)
+        np.maximum(upstream_start, pushed, out=pushed)
+        np.add(start, stage.notify_seconds, out=posted)
         np.maximum(posted, pushed, out=pushed)
         pushed += stage.incoming_transfer_seconds
         np.add(pushed, delays[hop % block], out=arrival)
-        np.subtract(arrival, finish, out=wait)
+        # Rank p's own message is the one its downstream receives.
         if every_rank:
-            np.maximum(longest, wait, out=longest)
-            np.maximum(finish, arrival, out=finish)
-            finish += message_cpu_seconds
-            continue
-        active = hop < stage.hops
-        np.maximum(longest, np.where(active, wait, 0.0), out=longest)
-        finish = np.where(active, np.maximum(finish, arrival) + message_cpu_seconds, finish)
-    return finish, float(longest.max(initial=0.0))
+            arrivals[slot] = arrival
+            departures[slot] = pushed[downstream]
+        else:
+            sending = hop < stage.hops
+            arrivals[slot] = np.where(sending, arrival, -np.inf)
+            departures[slot] = np.where(sending, pushed[downstream], -np.inf)
+    return start, float(longest.max(initial=0.0))
 
 
 def sender_seconds(ranks: int, hops: Hops) -> tuple[np.ndarray, np.ndarray]:
@@ -326,24 +383,37 @@ class Collective:
         ), longest
 
 
-def collective_of(fleet: Fleet, mode: ExchangeMode, network: dict[str, Hops]) -> Collective:
-    """The collective of `mode` on `fleet`, from the simulated message times."""
+def collective_of(
+    fleet: Fleet, mode: ExchangeMode, network: dict[str, Hops], payload_bytes: float
+) -> Collective:
+    """The collective of `mode` on `fleet`, from the simulated message times.
+
+    `payload_bytes`: per device, as `plan_network` got it (it sets the allreduce's segments).
+    """
     ranks = fleet.size
+    collective_bytes = mode.collective_bytes(payload_bytes)
     rounds, round_seconds = np.zeros(ranks), np.zeros(ranks)
     leader = np.arange(ranks)
     groups = site_groups(fleet, mode)
     if len(groups) == 1:
         upstream = np.roll(np.arange(ranks), -1)
-        hops = 2 * (ranks - 1) if mode.combine == "sum" else ranks - 1
-        stage = RingStage.of(ranks, network["ring"], upstream, np.full(ranks, hops))
+        if mode.combine == "sum":
+            hops = 2 * (ranks - 1) * allreduce_segments(collective_bytes, ranks)
+            in_flight = ALLREDUCE_MESSAGES_IN_FLIGHT
+        else:
+            hops, in_flight = ranks - 1, 1
+        stage = RingStage.of(ranks, network["ring"], upstream, np.full(ranks, hops), in_flight)
         return Collective([stage], leader, rounds, round_seconds)
     stages = []
     for name, members in (("site_ring", groups), ("wan_ring", [[g[0] for g in groups]])):
         upstream, hops = np.arange(ranks), np.zeros(ranks, dtype=np.int64)
         for group in members:
+            size = len(group)
             upstream[group] = np.roll(np.asarray(group), -1)
-            hops[group] = 2 * (len(group) - 1)
-        stages.append(RingStage.of(ranks, network[name], upstream, hops))
+            hops[group] = 2 * (size - 1) * allreduce_segments(collective_bytes, size)
+        stages.append(
+            RingStage.of(ranks, network[name], upstream, hops, ALLREDUCE_MESSAGES_IN_FLIGHT)
+        )
     broadcast, _ = sender_seconds(ranks, network["site_broadcast"])
     for group in groups:
         leader[group] = group[0]

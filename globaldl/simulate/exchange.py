@@ -3,8 +3,11 @@
 What each collective does on the wire (read from Gloo's `allreduce.cc`, `allgatherv.cc` and
 Horovod's `gloo_controller.cc`, `response_cache.cc`); rank r sends to rank r-1:
 
-- ring allreduce: 2(N-1) hops; in each hop every rank sends 1/N of the buffer to its ring
-  neighbour and may only forward what it received in the hop before.
+- ring allreduce (`allreduce.cc`'s `ring`): the buffer is cut into segments, at least two
+  per rank and at most 1 MiB each (`allreduce_segments`); reduce-scatter, then allgather, each
+  (N-1) x segments-per-rank messages of one segment to the ring neighbour, with two messages in
+  flight: the rank posts the receive and the send of segment i as soon as segment i-2's are
+  done, so it never waits for the message it has just asked for.
 - ring allgather(v): N-1 hops of one rank's whole payload each.
 - coordination (response cache hit, every cycle of Horovod's background loop): a bitwise-AND
   allreduce of ceil((cached tensors + 3) / 64) 64-bit words. Gloo splits any allreduce into
@@ -27,7 +30,8 @@ Horovod's `gloo_controller.cc`, `response_cache.cc`); rank r sends to rank r-1:
 Gloo's TCP transport is a rendezvous (`transport/tcp/pair.cc`): a send leaves only once the
 receiver's "ready to receive" notification has reached the sender (`Pair::send` queues it until
 `handleRemotePendingRecv`). Ring hops post their receive when the hop starts, so each costs
-the notification's way back and the message's way there: two one-way latencies, not one. The
+the notification's way back and the message's way there: two one-way latencies, not one; the
+allreduce's two messages in flight share those two latencies between two segments. The
 coordination chain's receivers post theirs on entry, long before the word comes by, so only a
 message to a rank that entered late waits for its notification.
 
@@ -53,6 +57,9 @@ from globaldl.simulate.topology import Phase, Platform, route_latency_seconds
 COORDINATION_MESSAGE_BYTES = 8
 # A message that fits TCP's initial window (10 segments) arrives in one flight: no slow start.
 INITIAL_WINDOW_BYTES = 10 * 1448
+# Gloo's ring allreduce (`AllreduceOptions::kMaxSegmentSize`, and the messages it keeps going).
+ALLREDUCE_MAX_SEGMENT_BYTES = 1024 * 1024
+ALLREDUCE_MESSAGES_IN_FLIGHT = 2
 HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS = 30.0
 COMBINES = ("sum", "gather")
 HIERARCHIES = ("none", "sites")
@@ -88,6 +95,10 @@ class ExchangeMode:
         if self.rounds > 1 and self.combine != "sum":
             raise ValueError("rounds > 1 are summed collectives (combine='sum')")
 
+    def collective_bytes(self, payload_bytes: float) -> float:
+        """What one of its collectives moves per device: an even share of the payload."""
+        return payload_bytes / self.rounds
+
 
 @dataclass(frozen=True)
 class ExchangeParameters:
@@ -121,6 +132,21 @@ class ExchangeParameters:
         return (self.tcp.latency_factor - 1.0) * route_latency_seconds + self.bulk_message_seconds
 
 
+def allreduce_segments(payload_bytes: float, ranks: int) -> int:
+    """Segments per rank of Gloo's ring allreduce of `payload_bytes` over `ranks`.
+
+    Gloo cuts the buffer into segments of ceil(bytes / 2N), at most 1 MiB, and rounds their
+    count up to a multiple of N, at least 2N: two per rank for buffers up to 2N MiB.
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    if not payload_bytes >= 0:
+        raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
+    segment = max(1, min(math.ceil(payload_bytes / (2 * ranks)), ALLREDUCE_MAX_SEGMENT_BYTES))
+    count = max(math.ceil(payload_bytes / segment), 2 * ranks)
+    return -(-count // ranks)
+
+
 def ring_order_phase(order: Sequence[int], message_bytes: float) -> Phase:
     """One hop of Gloo's ring over `order`: position p sends to position p-1, all at once."""
     order = list(order)
@@ -151,18 +177,20 @@ def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> Netw
     ranks = list(range(fleet.size))
     if fleet.size < 2:
         return plan
-    payload_bytes = payload_bytes / mode.rounds
+    payload_bytes = mode.collective_bytes(payload_bytes)
     plan.phases["chain"] = ring_order_phase(ranks, COORDINATION_MESSAGE_BYTES)
     groups = site_groups(fleet, mode)
     if len(groups) > 1:
         local = [
-            ring_order_phase(group, payload_bytes / len(group))
+            ring_order_phase(group, allreduce_message_bytes(payload_bytes, len(group)))
             for group in groups
             if len(group) > 1
         ]
         plan.phases["site_ring"] = _merge(local) if local else Phase.of([], [], [])
         leaders = [group[0] for group in groups]
-        plan.phases["wan_ring"] = ring_order_phase(leaders, payload_bytes / len(leaders))
+        plan.phases["wan_ring"] = ring_order_phase(
+            leaders, allreduce_message_bytes(payload_bytes, len(leaders))
+        )
         # Each process set's coordination word: the sites' over their LANs, the leaders' over
         # the WAN (see `globaldl.simulate.collectives.Coordination`).
         words = [
@@ -181,9 +209,17 @@ def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> Netw
             [math.ceil(payload_bytes)] * len(members),
         )
         return plan
-    message_bytes = payload_bytes / fleet.size if mode.combine == "sum" else payload_bytes
+    if mode.combine == "sum":
+        message_bytes = allreduce_message_bytes(payload_bytes, fleet.size)
+    else:
+        message_bytes = payload_bytes
     plan.phases["ring"] = ring_order_phase(ranks, message_bytes)
     return plan
+
+
+def allreduce_message_bytes(payload_bytes: float, ranks: int) -> float:
+    """One message of Gloo's ring allreduce: a segment, 1/N of the buffer per segment per rank."""
+    return payload_bytes / (ranks * allreduce_segments(payload_bytes, ranks))
 
 
 def _merge(phases: Sequence[Phase]) -> Phase:

@@ -26,10 +26,13 @@ import numpy as np
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS, CfsQuota
 from globaldl.simulate.engine import build_platform, run_in_child, start_engine
 from globaldl.simulate.exchange import (
+    ALLREDUCE_MESSAGES_IN_FLIGHT,
     COORDINATION_MESSAGE_BYTES,
     INITIAL_WINDOW_BYTES,
     ExchangeMode,
     ExchangeParameters,
+    allreduce_message_bytes,
+    allreduce_segments,
 )
 from globaldl.simulate.platform import Fleet
 from globaldl.simulate.steps import OVERLAP_HANDOFF_SECONDS, Workload
@@ -114,9 +117,12 @@ def _simulate(
     message_cpu = parameters.message_cpu_seconds / speeds
     cycle_cpu = parameters.cycle_cpu_seconds / speeds
     if mode.combine == "sum":
-        hops, message_bytes = 2 * (ranks - 1), math.ceil(workload.payload_bytes / ranks)
+        segments = allreduce_segments(workload.payload_bytes, ranks)
+        hops = 2 * (ranks - 1) * segments
+        message_bytes = math.ceil(allreduce_message_bytes(workload.payload_bytes, ranks))
+        in_flight = ALLREDUCE_MESSAGES_IN_FLIGHT
     else:
-        hops, message_bytes = ranks - 1, math.ceil(workload.payload_bytes)
+        hops, message_bytes, in_flight = ranks - 1, math.ceil(workload.payload_bytes), 1
     senders = np.arange(ranks)
     neighbour = (senders - 1) % ranks  # every rank sends to rank - 1 (rank 0 to rank N-1)
     latency = route_latency_seconds(platform, senders, neighbour)
@@ -149,27 +155,32 @@ def _simulate(
     def connection(rank: int) -> None:
         """Rank's connection to rank - 1: one message at a time, each once rank - 1 is ready.
 
-        The bytes go through SimGrid, then the message takes its latency to arrive.
+        The bytes go through SimGrid, then the message takes its latency to arrive; the
+        sender learns that its bytes are out (Gloo's `waitSend`) through the message's semaphore.
         """
         queue, queued = outgoing[rank]
         target = int(neighbour[rank])
         while True:
             queued.acquire()
-            kind, size, value, delay = queue.popleft()
+            kind, size, value, delay, out = queue.popleft()
             known, ready = readies[kind, target]
             ready.acquire()
             simgrid.this_actor.sleep_until(max(now(), known.popleft()))
             simgrid.Comm.sendto(hosts[rank], hosts[target], size)
+            out.release()
             arrival = now() + max(delay + rng.uniform(-jitter[rank], jitter[rank]), 0.0)
             inbox, arrived = inboxes[kind, target]
             inbox.append((arrival, value))
             arrived.release()
 
-    def send(kind: str, rank: int, size: int, value: Any, delay: float) -> None:
+    def send(kind: str, rank: int, size: int, value: Any, delay: float) -> Any:
+        """Hand a message to the rank's connection; returns what `waitSend` waits on."""
         spend(rank, message_cpu[rank])
         queue, queued = outgoing[rank]
-        queue.append((kind, size, value, delay))
+        out = simgrid.Semaphore(0)
+        queue.append((kind, size, value, delay, out))
         queued.release()
+        return out
 
     def post(kind: str, rank: int) -> None:
         """Post a receive: rank's sender learns of it one return latency later."""
@@ -207,10 +218,15 @@ def _simulate(
         return bool(value)
 
     def collective(rank: int) -> None:
-        for _ in range(hops):
-            post("ring", rank)
-            send("ring", rank, message_bytes, None, float(bulk_latency[rank]))
-            receive("ring", rank, "collective")
+        """Gloo's ring: hop k is posted once hop k - in_flight's receive and send are done."""
+        going: collections.deque[Any] = collections.deque()
+        for hop in range(hops + in_flight):
+            if hop >= in_flight:  # Gloo waits for the receive, then for the send
+                receive("ring", rank, "collective")
+                going.popleft().acquire()
+            if hop < hops:
+                post("ring", rank)
+                going.append(send("ring", rank, message_bytes, None, float(bulk_latency[rank])))
 
     ready_times: list[list[float]] = [[] for _ in range(ranks)]
     collective_done = [simgrid.Semaphore(0) for _ in range(ranks)]

@@ -190,7 +190,7 @@ def simulate_steps(
     cpu_per_cycle = (
         parameters.cycle_cpu_seconds + cycle.sends(ranks) * parameters.message_cpu_seconds
     ) / speeds
-    collective = collective_of(fleet, mode, network)
+    collective = collective_of(fleet, mode, network, workload.payload_bytes)
     operations = collective.operations() * mode.rounds
     messages = sum(operation.messages() for operation in operations)
     loops = _Loops(cpu, np.zeros(ranks), np.full(ranks, -np.inf))

@@ -1,5 +1,7 @@
 """The reduced step model: Gloo's coordination chain, ring hops, local steps, timeouts."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -8,11 +10,18 @@ from globaldl.simulate.collectives import (
     RingStage,
     chain_cycle,
     chain_sends,
+    collective_of,
     coordination_of,
     ring_allgather_word,
     ring_finish,
 )
-from globaldl.simulate.exchange import ExchangeMode, ExchangeParameters, Hops, plan_network
+from globaldl.simulate.exchange import (
+    ExchangeMode,
+    ExchangeParameters,
+    Hops,
+    allreduce_segments,
+    plan_network,
+)
 from globaldl.simulate.platform import Device, Fleet, Site, link_directions, uniform_fleet
 from globaldl.simulate.steps import Workload, simulate_steps
 from globaldl.simulate.topology import Phase
@@ -90,6 +99,61 @@ def test_every_ring_hop_pays_the_receivers_ready_and_the_message():
     finish, longest = ring_finish(np.zeros(4), _ring(4, notify=0.1), np.zeros(4), RNG)
     np.testing.assert_allclose(finish, 6 * 0.2)
     assert longest == pytest.approx(0.2)
+
+
+def test_two_messages_in_flight_share_a_latency_bound_rings_round_trips():
+    # Gloo's allreduce posts segment k's receive and send once segment k-2's are done: the
+    # notification and the message of two segments travel together, one round trip per pair.
+    pipelined = replace(_ring(4, notify=0.1), in_flight=2)
+    finish, longest = ring_finish(np.zeros(4), pipelined, np.zeros(4), RNG)
+    np.testing.assert_allclose(finish, 6 / 2 * 0.2)
+    one_at_a_time, _ = ring_finish(np.zeros(4), _ring(4, notify=0.1), np.zeros(4), RNG)
+    np.testing.assert_allclose(one_at_a_time, 6 * 0.2)
+    assert longest == pytest.approx(0.2)
+
+
+def test_two_messages_in_flight_gain_nothing_on_a_bandwidth_bound_ring():
+    # The bytes of one connection leave one after the other either way.
+    stage = _ring(4, transfer=0.1, latency=0.0)
+    pipelined, _ = ring_finish(np.zeros(4), replace(stage, in_flight=2), np.zeros(4), RNG)
+    one_at_a_time, _ = ring_finish(np.zeros(4), stage, np.zeros(4), RNG)
+    np.testing.assert_allclose(pipelined, 6 * 0.1)
+    np.testing.assert_allclose(one_at_a_time, 6 * 0.1)
+
+
+def test_a_ring_stage_refuses_no_message_in_flight():
+    with pytest.raises(ValueError, match="in_flight must be an integer >= 1, got 0"):
+        replace(_ring(4), in_flight=0)
+
+
+@pytest.mark.parametrize(
+    ("payload_bytes", "ranks", "segments"),
+    [
+        (246_828, 4, 2),  # LeNet: 8 segments of 30.9 kB
+        (8 * 2**20, 4, 2),  # exactly 1 MiB per segment
+        (8 * 2**20 + 1, 4, 3),  # a ninth segment, rounded up to 12: three per rank
+        (100 * 2**20, 16, 7),  # 100 segments of 1 MiB, rounded up to 112
+        (8, 16, 2),  # the coordination word: 2N segments, most of them empty
+    ],
+)
+def test_gloo_cuts_an_allreduce_into_at_least_two_segments_per_rank_of_at_most_1_mib(
+    payload_bytes, ranks, segments
+):
+    assert allreduce_segments(payload_bytes, ranks) == segments
+
+
+def test_a_flat_sum_runs_four_n_minus_one_segments_two_in_flight_and_a_gather_n_minus_one():
+    fleet = uniform_fleet(LinkProfile("lan", 100_000, 100_000), 4)
+    for mode, hops, in_flight, message_bytes in (
+        (ExchangeMode("dense"), 12, 2, 240_000 / 8),
+        (ExchangeMode("gather", combine="gather"), 3, 1, 240_000),
+    ):
+        plan = plan_network(fleet, mode, 240_000)
+        network = {name: _hops(phase, latency=0.1) for name, phase in plan.phases.items()}
+        [stage] = collective_of(fleet, mode, network, 240_000).stages
+        np.testing.assert_array_equal(stage.hops, hops)
+        assert stage.in_flight == in_flight
+        np.testing.assert_array_equal(plan.phases["ring"].sizes_bytes, message_bytes)
 
 
 def test_one_slow_uplink_sets_the_pace_of_the_whole_ring():
