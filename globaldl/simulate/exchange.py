@@ -218,7 +218,7 @@ def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> Netw
 
 
 def allreduce_message_bytes(payload_bytes: float, ranks: int) -> float:
-    """One message of Gloo's ring allreduce: a segment, 1/N of the buffer per segment per rank."""
+    """One message of Gloo's ring allreduce: a segment, the buffer over N x segments per rank."""
     return payload_bytes / (ranks * allreduce_segments(payload_bytes, ranks))
 
 

@@ -4,7 +4,8 @@ This is the reference the reduced step model (`steps`) is checked against on sma
 rank runs Horovod's background loop: a coordination cycle every HOROVOD_CYCLE_TIME at most,
 each cycle the bitwise-AND chain of Gloo's allreduce (rank N-1 down to rank 0, then rank 0 to
 N-1 and down to rank 1, one message at a time), and once every rank's tensors are in, the
-collective's ring, hop by hop, each hop waiting for the neighbour's message. Compute (in a
+collective's ring, message by message, each waiting for the neighbour's message one or two
+before it (the allgather keeps one in flight, the allreduce's segments two). Compute (in a
 training actor of its own), Gloo's per-message CPU and the loop's per-cycle CPU run through
 each device's CFS quota. Every pair of ranks talks over one connection, as Gloo's pairs do: a
 connection actor pushes each message's bytes through SimGrid (the platform's rates and shared
