@@ -21,7 +21,7 @@ from globaldl.simulate.exchange import (
     ALLREDUCE_MESSAGES_IN_FLIGHT,
     ExchangeMode,
     Hops,
-    allreduce_segments,
+    ring_messages,
     site_groups,
 )
 from globaldl.simulate.platform import Fleet
@@ -397,20 +397,16 @@ def collective_of(
     groups = site_groups(fleet, mode)
     if len(groups) == 1:
         upstream = np.roll(np.arange(ranks), -1)
-        if mode.combine == "sum":
-            hops = 2 * (ranks - 1) * allreduce_segments(collective_bytes, ranks)
-            in_flight = ALLREDUCE_MESSAGES_IN_FLIGHT
-        else:
-            hops, in_flight = ranks - 1, 1
-        stage = RingStage.of(ranks, network["ring"], upstream, np.full(ranks, hops), in_flight)
+        ring = ring_messages(mode.combine, collective_bytes, ranks)
+        hops = np.full(ranks, ring.count)
+        stage = RingStage.of(ranks, network["ring"], upstream, hops, ring.in_flight)
         return Collective([stage], leader, rounds, round_seconds)
     stages = []
     for name, members in (("site_ring", groups), ("wan_ring", [[g[0] for g in groups]])):
         upstream, hops = np.arange(ranks), np.zeros(ranks, dtype=np.int64)
         for group in members:
-            size = len(group)
             upstream[group] = np.roll(np.asarray(group), -1)
-            hops[group] = 2 * (size - 1) * allreduce_segments(collective_bytes, size)
+            hops[group] = ring_messages("sum", collective_bytes, len(group)).count
         stages.append(
             RingStage.of(ranks, network[name], upstream, hops, ALLREDUCE_MESSAGES_IN_FLIGHT)
         )

@@ -147,6 +147,34 @@ def allreduce_segments(payload_bytes: float, ranks: int) -> int:
     return -(-count // ranks)
 
 
+@dataclass(frozen=True)
+class RingMessages:
+    """One collective's ring over N ranks as Gloo runs it, per rank.
+
+    `count` messages of `message_bytes` each, `in_flight` of them going at once.
+    """
+
+    count: int
+    message_bytes: float
+    in_flight: int
+
+
+def ring_messages(combine: str, payload_bytes: float, ranks: int) -> RingMessages:
+    """The ring that sums (`combine="sum"`) or gathers `payload_bytes` per rank over `ranks`.
+
+    Allreduce: 2(N-1) messages per segment per rank, two in flight; allgatherv: N-1 messages of
+    a whole payload, one at a time.
+    """
+    if combine == "sum":
+        segments = allreduce_segments(payload_bytes, ranks)
+        return RingMessages(
+            2 * (ranks - 1) * segments,
+            payload_bytes / (ranks * segments),
+            ALLREDUCE_MESSAGES_IN_FLIGHT,
+        )
+    return RingMessages(ranks - 1, payload_bytes, 1)
+
+
 def ring_order_phase(order: Sequence[int], message_bytes: float) -> Phase:
     """One hop of Gloo's ring over `order`: position p sends to position p-1, all at once."""
     order = list(order)
@@ -182,14 +210,14 @@ def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> Netw
     groups = site_groups(fleet, mode)
     if len(groups) > 1:
         local = [
-            ring_order_phase(group, allreduce_message_bytes(payload_bytes, len(group)))
+            ring_order_phase(group, ring_messages("sum", payload_bytes, len(group)).message_bytes)
             for group in groups
             if len(group) > 1
         ]
         plan.phases["site_ring"] = _merge(local) if local else Phase.of([], [], [])
         leaders = [group[0] for group in groups]
         plan.phases["wan_ring"] = ring_order_phase(
-            leaders, allreduce_message_bytes(payload_bytes, len(leaders))
+            leaders, ring_messages("sum", payload_bytes, len(leaders)).message_bytes
         )
         # Each process set's coordination word: the sites' over their LANs, the leaders' over
         # the WAN (see `globaldl.simulate.collectives.Coordination`).
@@ -209,17 +237,9 @@ def plan_network(fleet: Fleet, mode: ExchangeMode, payload_bytes: float) -> Netw
             [math.ceil(payload_bytes)] * len(members),
         )
         return plan
-    if mode.combine == "sum":
-        message_bytes = allreduce_message_bytes(payload_bytes, fleet.size)
-    else:
-        message_bytes = payload_bytes
-    plan.phases["ring"] = ring_order_phase(ranks, message_bytes)
+    ring = ring_messages(mode.combine, payload_bytes, fleet.size)
+    plan.phases["ring"] = ring_order_phase(ranks, ring.message_bytes)
     return plan
-
-
-def allreduce_message_bytes(payload_bytes: float, ranks: int) -> float:
-    """One message of Gloo's ring allreduce: a segment, the buffer over N x segments per rank."""
-    return payload_bytes / (ranks * allreduce_segments(payload_bytes, ranks))
 
 
 def _merge(phases: Sequence[Phase]) -> Phase:

@@ -27,13 +27,11 @@ import numpy as np
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS, CfsQuota
 from globaldl.simulate.engine import build_platform, run_in_child, start_engine
 from globaldl.simulate.exchange import (
-    ALLREDUCE_MESSAGES_IN_FLIGHT,
     COORDINATION_MESSAGE_BYTES,
     INITIAL_WINDOW_BYTES,
     ExchangeMode,
     ExchangeParameters,
-    allreduce_message_bytes,
-    allreduce_segments,
+    ring_messages,
 )
 from globaldl.simulate.platform import Fleet
 from globaldl.simulate.steps import OVERLAP_HANDOFF_SECONDS, Workload
@@ -117,13 +115,8 @@ def _simulate(
     work = np.asarray(workload.compute_cpu_seconds, float) / speeds * mode.local_steps
     message_cpu = parameters.message_cpu_seconds / speeds
     cycle_cpu = parameters.cycle_cpu_seconds / speeds
-    if mode.combine == "sum":
-        segments = allreduce_segments(workload.payload_bytes, ranks)
-        hops = 2 * (ranks - 1) * segments
-        message_bytes = math.ceil(allreduce_message_bytes(workload.payload_bytes, ranks))
-        in_flight = ALLREDUCE_MESSAGES_IN_FLIGHT
-    else:
-        hops, message_bytes, in_flight = ranks - 1, math.ceil(workload.payload_bytes), 1
+    ring = ring_messages(mode.combine, workload.payload_bytes, ranks)
+    hops, message_bytes, in_flight = ring.count, math.ceil(ring.message_bytes), ring.in_flight
     senders = np.arange(ranks)
     neighbour = (senders - 1) % ranks  # every rank sends to rank - 1 (rank 0 to rank N-1)
     latency = route_latency_seconds(platform, senders, neighbour)
