@@ -347,8 +347,12 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     A configuration is a run label; its repeats (the benchmark protocol's) count once, with the
     median of their measured and of their simulated step times, so two repeats of one
     configuration are never a pair. A pair is discordant when the fleet measured one
-    configuration faster and the simulator says it is slower. Pairs whose measured times differ
-    by less than 10% are also counted apart, since the fleet cannot tell them apart reliably.
+    configuration faster and the simulator says it is slower; every such pair counts against
+    the target. Two counts say how firmly the fleet ordered the discordant pairs: those whose
+    measured medians differ by less than 10%, and those whose repeats' measured ranges overlap
+    (both configurations with at least two repeats: the fleet's own runs order them either
+    way). A configuration with one repeat shows no spread, so its pairs never count as
+    overlapping.
     """
     checks = []
     for experiment in sorted({row["experiment"] for row in rows}):
@@ -361,7 +365,7 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 gap = abs(measured) / min(
                     first["measured_step_seconds"], second["measured_step_seconds"]
                 )
-                discordant.append((first["label"], second["label"], gap))
+                discordant.append((first["label"], second["label"], gap, _overlap(first, second)))
         pairs = len(members) * (len(members) - 1) // 2
         checks.append(
             {
@@ -370,15 +374,32 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "pairs": pairs,
                 "discordant_pairs": len(discordant),
                 "discordant_within_10_percent": sum(1 for pair in discordant if pair[2] < 0.10),
+                "discordant_ranges_overlap": sum(1 for pair in discordant if pair[3]),
                 "kendall_tau": 1 - 2 * len(discordant) / pairs if pairs else 1.0,
-                "discordant": [f"{a} vs {b} (fleet gap {gap:.0%})" for a, b, gap in discordant],
+                "discordant": [
+                    f"{a} vs {b} (fleet gap {gap:.0%}{', ranges overlap' if overlap else ''})"
+                    for a, b, gap, overlap in discordant
+                ],
             }
         )
     return checks
 
 
+def _overlap(first: dict[str, Any], second: dict[str, Any]) -> bool:
+    """Whether two configurations' measured ranges overlap, both having at least two repeats."""
+    if min(first["repeats"], second["repeats"]) < 2:
+        return False
+    return bool(
+        first["measured_min"] <= second["measured_max"]
+        and second["measured_min"] <= first["measured_max"]
+    )
+
+
 def _configuration_medians(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per label, in first-seen order: the medians of its repeats' step times."""
+    """One row per label, in first-seen order: its repeats' median step times.
+
+    Also the range of its measured step times and its repeat count.
+    """
     by_label: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_label.setdefault(row["label"], []).append(row)
@@ -389,6 +410,9 @@ def _configuration_medians(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any
                 column: float(np.median([row[column] for row in repeats]))
                 for column in ("measured_step_seconds", "simulated_step_seconds")
             },
+            "measured_min": min(row["measured_step_seconds"] for row in repeats),
+            "measured_max": max(row["measured_step_seconds"] for row in repeats),
+            "repeats": len(repeats),
         }
         for label, repeats in by_label.items()
     ]

@@ -264,6 +264,28 @@ def test_rankings_count_pairs_the_simulator_orders_unlike_the_fleet():
     assert check["discordant"] == ["a vs b (fleet gap 100%)"]
 
 
+def test_rankings_say_which_discordant_pairs_the_fleets_own_repeats_order_either_way():
+    def row(label, measured, simulated):
+        return {"experiment": "e", "label": label, "measured_step_seconds": measured} | {
+            "simulated_step_seconds": simulated
+        }
+
+    # a and b: medians 1.00 and 1.05 s measured, simulated the other way round; b's fastest
+    # repeat (0.95 s) is faster than a's slowest (1.02 s).
+    a = [row("a", 0.98, 2.0), row("a", 1.00, 2.0), row("a", 1.02, 2.0)]
+    b = [row("b", 0.95, 1.0), row("b", 1.05, 1.0), row("b", 1.10, 1.0)]
+    [check] = ranking_checks(a + b)
+    assert check["discordant_pairs"] == 1 and check["discordant_ranges_overlap"] == 1
+    assert check["discordant"] == ["a vs b (fleet gap 5%, ranges overlap)"]
+    # Apart: b's repeats all slower than a's. Still discordant, no longer overlapping.
+    apart = [row("b", measured, 1.0) for measured in (1.03, 1.05, 1.10)]
+    [check] = ranking_checks(a + apart)
+    assert check["discordant_pairs"] == 1 and check["discordant_ranges_overlap"] == 0
+    # One repeat shows no spread: its pairs never count as overlapping.
+    [check] = ranking_checks(a + [row("b", 1.01, 1.0)])
+    assert check["discordant_pairs"] == 1 and check["discordant_ranges_overlap"] == 0
+
+
 def test_calibrating_on_unknown_experiments_names_the_available_ones():
     observations = load_observations(experiments=["devices"])
     with pytest.raises(ValueError, match="devices"):
