@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -365,7 +365,9 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 gap = abs(measured) / min(
                     first["measured_step_seconds"], second["measured_step_seconds"]
                 )
-                discordant.append((first["label"], second["label"], gap, _overlap(first, second)))
+                discordant.append(
+                    _Discordant(first["label"], second["label"], gap, _overlap(first, second))
+                )
         pairs = len(members) * (len(members) - 1) // 2
         checks.append(
             {
@@ -373,8 +375,8 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "configurations": len(members),
                 "pairs": pairs,
                 "discordant_pairs": len(discordant),
-                "discordant_within_10_percent": sum(1 for pair in discordant if pair[2] < 0.10),
-                "discordant_ranges_overlap": sum(1 for pair in discordant if pair[3]),
+                "discordant_within_10_percent": sum(1 for pair in discordant if pair.gap < 0.10),
+                "discordant_ranges_overlap": sum(1 for pair in discordant if pair.overlap),
                 "kendall_tau": 1 - 2 * len(discordant) / pairs if pairs else 1.0,
                 "discordant": [
                     f"{a} vs {b} (fleet gap {gap:.0%}{', ranges overlap' if overlap else ''})"
@@ -383,6 +385,15 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return checks
+
+
+class _Discordant(NamedTuple):
+    """Two configurations the simulator orders unlike the fleet."""
+
+    first: str
+    second: str
+    gap: float  # the measured medians' difference over the faster one's
+    overlap: bool  # the fleet's repeats order them both ways
 
 
 def _overlap(first: dict[str, Any], second: dict[str, Any]) -> bool:
