@@ -36,9 +36,15 @@ coordination chain's receivers post theirs on entry, long before the word comes 
 message to a rank that entered late waits for its notification.
 
 SimGrid gives each message's transfer time on the platform (one engine, latency factor 1:
-every message pays its route's latency once); a message larger than TCP's initial window also
-pays slow start, `(latency_factor - 1) x route latency` (LV08's latency factor, fitted on runs
-with emulated latency), and `bulk_message_seconds` of fitted per-message overhead.
+every message pays its route's latency once). Slow start is added where TCP pays it: on a cold
+connection. Between two exchanges a connection idles for coordination cycles, longer on a
+delayed link than its retransmission timeout, after which Linux restarts it from the initial
+window (`tcp_slow_start_after_idle`, on by default). A collective's first flight on each
+connection (the allreduce sends two segments at once) then needs `slow_start_rounds` more
+round trips the larger it is beyond that window, each costing `(latency_factor - 1) x route
+latency` (LV08's latency factor, fitted on runs with emulated latency) plus
+`bulk_message_seconds` of fitted overhead. In slow start the window grows by every byte
+acknowledged, so the flights after it on the same connection, no larger, go in one round trip.
 """
 
 from __future__ import annotations
@@ -104,8 +110,9 @@ class ExchangeMode:
 class ExchangeParameters:
     """What the exchange model needs beyond the platform; calibration fits some of these.
 
-    `tcp.latency_factor` is LV08's slow-start factor, applied to messages larger than TCP's
-    initial window; SimGrid itself always runs at latency factor 1.
+    `tcp.latency_factor` is LV08's slow-start factor, applied per round trip a message on a
+    cold connection waits for TCP's window (`slow_start_rounds`); SimGrid itself always runs at
+    latency factor 1.
     """
 
     tcp: TcpModel = field(default_factory=TcpModel)
@@ -127,9 +134,24 @@ class ExchangeParameters:
         """The model SimGrid runs: the fitted bandwidth factor, latency paid once."""
         return replace(self.tcp, latency_factor=1.0)
 
-    def slow_start_seconds(self, route_latency_seconds: np.ndarray) -> np.ndarray:
-        """What a message beyond TCP's initial window adds to its route's latency."""
-        return (self.tcp.latency_factor - 1.0) * route_latency_seconds + self.bulk_message_seconds
+    def slow_start_round_seconds(self, route_latency_seconds: np.ndarray) -> np.ndarray:
+        """What one round trip of slow start costs a message on a route of this latency."""
+        latency = np.asarray(route_latency_seconds, dtype=float)
+        return (self.tcp.latency_factor - 1.0) * latency + self.bulk_message_seconds
+
+
+def slow_start_rounds(sizes_bytes: np.ndarray | float) -> np.ndarray:
+    """Round trips beyond the first a message of `sizes_bytes` waits for on a cold connection.
+
+    From the initial window W, the window doubles every round trip (it grows by the bytes
+    acknowledged), so B bytes take ceil(log2(B / W + 1)) round trips: none extra within W, one
+    up to 3W, two up to 7W.
+    """
+    sizes = np.asarray(sizes_bytes, dtype=float)
+    if np.any(~(sizes >= 0)):
+        raise ValueError(f"message sizes must be >= 0 bytes, got {sizes[~(sizes >= 0)][:3]}")
+    rounds = np.ceil(np.log2(sizes / INITIAL_WINDOW_BYTES + 1.0) - 1e-12) - 1.0
+    return np.maximum(rounds, 0.0)
 
 
 def allreduce_segments(payload_bytes: float, ranks: int) -> int:
@@ -252,18 +274,33 @@ def _merge(phases: Sequence[Phase]) -> Phase:
 
 @dataclass(frozen=True)
 class Hops:
-    """One phase's messages with their simulated seconds (slow start and overheads included)."""
+    """One phase's messages with their simulated seconds.
+
+    `slow_start_round_seconds` is what one round trip of slow start costs each message; a ring
+    pays it for its first flight only (see the module's notes and `slow_start_rounds`).
+    """
 
     phase: Phase
     transfer_seconds: np.ndarray  # pushing the bytes through the links (SimGrid)
-    latency_seconds: np.ndarray  # route latency, slow start, per-message overhead
+    latency_seconds: np.ndarray  # route latency
     jitter_seconds: np.ndarray  # +- amplitude of each message's extra delay
     notify_seconds: np.ndarray  # the receiver's "ready to receive" back to the sender
+    slow_start_round_seconds: np.ndarray | None = None  # per round trip; None: 0
+
+    def __post_init__(self) -> None:
+        if self.slow_start_round_seconds is None:
+            zeros = np.zeros(len(self.latency_seconds))
+            object.__setattr__(self, "slow_start_round_seconds", zeros)
+
+    def cold_start_seconds(self, flight_messages: int = 1) -> np.ndarray:
+        """Slow start of each message sent with `flight_messages` like it on a cold connection."""
+        rounds = slow_start_rounds(flight_messages * np.asarray(self.phase.sizes_bytes, float))
+        return rounds * self.slow_start_round_seconds
 
     @property
     def seconds(self) -> np.ndarray:
-        """Each message's time from sending to arrival, without jitter."""
-        return self.transfer_seconds + self.latency_seconds
+        """Each message's time from sending to arrival on a cold connection, without jitter."""
+        return self.transfer_seconds + self.latency_seconds + self.cold_start_seconds()
 
 
 @dataclass(frozen=True)
@@ -277,17 +314,15 @@ class Transfers:
     return_latency_seconds: np.ndarray  # the route back, receiver to sender
 
     def hops(self, parameters: ExchangeParameters) -> Hops:
-        """The messages' times with slow start and per-message overhead of `parameters`."""
+        """The messages' times with the slow start and overhead of `parameters`."""
         latency = np.minimum(self.route_latency_seconds, self.simulated_seconds)
-        startup = np.zeros(len(latency))
-        bulk = self.phase.sizes_bytes > INITIAL_WINDOW_BYTES
-        startup[bulk] = parameters.slow_start_seconds(latency[bulk])
         return Hops(
             self.phase,
             transfer_seconds=self.simulated_seconds - latency,
-            latency_seconds=latency + startup,
+            latency_seconds=latency,
             jitter_seconds=self.jitter_seconds,
             notify_seconds=self.return_latency_seconds,
+            slow_start_round_seconds=parameters.slow_start_round_seconds(latency),
         )
 
 

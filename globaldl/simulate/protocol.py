@@ -11,8 +11,10 @@ each device's CFS quota. Every pair of ranks talks over one connection, as Gloo'
 connection actor pushes each message's bytes through SimGrid (the platform's rates and shared
 links) after the previous message's and once the receiver's "ready to receive" has come back
 over the return route (Gloo's rendezvous), and the message then arrives after its route's
-latency, slow start, per-message overhead and jitter. Covers flat rings (allreduce and allgather),
-local steps and overlap; the hierarchical exchange is composed of the same rings.
+latency and jitter; a collective's first flight on each connection (cold since the last
+exchange) first waits out its slow start, holding the connection. Covers flat rings (allreduce
+and allgather), local steps and overlap; the hierarchical exchange is composed of the same
+rings.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from globaldl.simulate.cpu import CFS_PERIOD_SECONDS, CfsQuota
 from globaldl.simulate.engine import build_platform, run_in_child, start_engine
 from globaldl.simulate.exchange import (
     COORDINATION_MESSAGE_BYTES,
-    INITIAL_WINDOW_BYTES,
     ExchangeMode,
     ExchangeParameters,
     ring_messages,
+    slow_start_rounds,
 )
 from globaldl.simulate.platform import Fleet
 from globaldl.simulate.steps import OVERLAP_HANDOFF_SECONDS, Workload
@@ -122,9 +124,9 @@ def _simulate(
     latency = route_latency_seconds(platform, senders, neighbour)
     # Rank p receives from rank p+1: its "ready to receive" travels the route p -> p+1.
     notify = route_latency_seconds(platform, senders, (senders + 1) % ranks)
-    bulk_latency = latency
-    if message_bytes > INITIAL_WINDOW_BYTES:
-        bulk_latency = latency + parameters.slow_start_seconds(latency)
+    cold_start = slow_start_rounds(in_flight * message_bytes) * parameters.slow_start_round_seconds(
+        latency
+    )
     up_jitter, down_jitter = fleet.jitter_seconds_each_way()
     jitter = up_jitter + down_jitter[neighbour]
     outgoing = [(collections.deque(), simgrid.Semaphore(0)) for _ in range(ranks)]
@@ -156,10 +158,10 @@ def _simulate(
         target = int(neighbour[rank])
         while True:
             queued.acquire()
-            kind, size, value, delay, out = queue.popleft()
+            kind, size, value, delay, hold, out = queue.popleft()
             known, ready = readies[kind, target]
             ready.acquire()
-            simgrid.this_actor.sleep_until(max(now(), known.popleft()))
+            simgrid.this_actor.sleep_until(max(now(), known.popleft()) + hold)
             simgrid.Comm.sendto(hosts[rank], hosts[target], size)
             out.release()
             arrival = now() + max(delay + rng.uniform(-jitter[rank], jitter[rank]), 0.0)
@@ -167,12 +169,15 @@ def _simulate(
             inbox.append((arrival, value))
             arrived.release()
 
-    def send(kind: str, rank: int, size: int, value: Any, delay: float) -> Any:
-        """Hand a message to the rank's connection; returns what `waitSend` waits on."""
+    def send(kind: str, rank: int, size: int, value: Any, delay: float, hold: float = 0.0) -> Any:
+        """Hand a message to the rank's connection; returns what `waitSend` waits on.
+
+        `hold`: how long the connection waits for TCP's window before the bytes go.
+        """
         spend(rank, message_cpu[rank])
         queue, queued = outgoing[rank]
         out = simgrid.Semaphore(0)
-        queue.append((kind, size, value, delay, out))
+        queue.append((kind, size, value, delay, hold, out))
         queued.release()
         return out
 
@@ -220,7 +225,8 @@ def _simulate(
                 going.popleft().acquire()
             if hop < hops:
                 post("ring", rank)
-                going.append(send("ring", rank, message_bytes, None, float(bulk_latency[rank])))
+                hold = float(cold_start[rank]) if hop == 0 else 0.0
+                going.append(send("ring", rank, message_bytes, None, float(latency[rank]), hold))
 
     ready_times: list[list[float]] = [[] for _ in range(ranks)]
     collective_done = [simgrid.Semaphore(0) for _ in range(ranks)]

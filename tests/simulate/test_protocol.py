@@ -37,7 +37,7 @@ def _both(profile, ranks, mode, payload_bytes, compute_seconds, cores, rounds=8)
 @pytest.mark.parametrize(
     ("profile", "ranks", "mode", "payload_bytes", "compute_seconds", "cores", "rounds"),
     [
-        # dense allreduce, rates only: slow start and bulk overhead on 62 kB chunks
+        # dense allreduce, rates only: slow start and bulk overhead of the first 62 kB flight
         ("lte-rates", 4, ExchangeMode("dense"), 246_828, 0.012, 0.5, 6),
         # compressed allgather on a quarter core: CPU-bound, the CFS quota decides (its rounds
         # beat against the 100 ms periods, so the mean needs more of them)

@@ -16,11 +16,13 @@ from globaldl.simulate.collectives import (
     ring_finish,
 )
 from globaldl.simulate.exchange import (
+    INITIAL_WINDOW_BYTES,
     ExchangeMode,
     ExchangeParameters,
     Hops,
     allreduce_segments,
     plan_network,
+    slow_start_rounds,
 )
 from globaldl.simulate.platform import Device, Fleet, Site, link_directions, uniform_fleet
 from globaldl.simulate.steps import Workload, simulate_steps
@@ -185,6 +187,39 @@ def test_one_long_latency_is_paid_on_every_hop():
     )
     finish, _ = ring_finish(np.zeros(4), slow, np.zeros(4), RNG)
     assert finish.max() == pytest.approx(6 * 0.5)
+
+
+def test_slow_start_takes_a_round_trip_more_each_time_the_window_doubles():
+    window = INITIAL_WINDOW_BYTES
+    sizes = [0, window, window + 1, 3 * window, 3 * window + 1, 7 * window, 7 * window + 1]
+    np.testing.assert_array_equal(slow_start_rounds(np.array(sizes)), [0, 0, 1, 1, 2, 2, 3])
+    with pytest.raises(ValueError, match="message sizes must be >= 0 bytes, got \\[-1.\\]"):
+        slow_start_rounds(np.array([-1.0]))
+
+
+def test_a_cold_connection_pays_slow_start_once_per_collective_not_per_hop():
+    # The first flight waits 0.3 s for TCP's window, and everything behind it on that
+    # connection waits with it; the window then stays open for the collective's other hops.
+    warm = _ring(4)
+    cold = replace(warm, incoming_cold_start_seconds=np.full(4, 0.3))
+    warm_finish, _ = ring_finish(np.zeros(4), warm, np.zeros(4), RNG)
+    cold_finish, _ = ring_finish(np.zeros(4), cold, np.zeros(4), RNG)
+    np.testing.assert_allclose(cold_finish - warm_finish, 0.3)
+
+
+def test_a_rings_first_flight_is_both_segments_the_allreduce_keeps_in_flight():
+    # 8 kB messages fit the initial window alone but not two at once: the allreduce's first
+    # flight (two segments) pays one round trip, the allgather's (one message) none.
+    order = [0, 1, 2, 3]
+    phase = Phase.of(order, order[-1:] + order[:-1], [8_000] * 4)
+    hops = Hops(phase, np.zeros(4), np.full(4, 0.05), np.zeros(4), np.zeros(4), np.full(4, 0.2))
+    upstream = np.roll(np.arange(4), -1)
+    summed = RingStage.of(4, hops, upstream, np.full(4, 12), in_flight=2)
+    gathered = RingStage.of(4, hops, upstream, np.full(4, 3), in_flight=1)
+    np.testing.assert_allclose(summed.incoming_cold_start_seconds, 0.2)
+    np.testing.assert_allclose(gathered.incoming_cold_start_seconds, 0.0)
+    # A lone 8 kB message on a cold connection (a broadcast's, a chain's) fits the window too.
+    np.testing.assert_allclose(hops.seconds, 0.05)
 
 
 def test_a_neighbour_running_ahead_queues_its_bytes_behind_its_last_message():
