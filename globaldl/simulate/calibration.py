@@ -2,8 +2,9 @@
 
 Fitted, because no summary measures them: SimGrid's TCP bandwidth factor (the share of the
 shaped rate a ring's TCP flows get), the CPU time of one Gloo message, the CPU time Horovod's
-background loop burns per cycle, an extra delay per message larger than TCP's initial window
-and, once runs with emulated latency exist, LV08's slow-start latency factor. Everything else
+background loop burns per cycle, an extra delay per round trip of slow start (which a
+collective's first flight on a cold connection pays, `exchange.slow_start_rounds`) and, once
+runs with emulated latency exist, LV08's slow-start latency factor. Everything else
 is measured: rates, latencies, payload bytes, cycle times, each rank's compute phases, CPU
 quotas, the cores of the machine the emulated devices shared, and the run's sites. The fit is
 a coordinate descent over a grid per parameter (SimGrid runs once per bandwidth factor; the
