@@ -37,12 +37,14 @@ message to a rank that entered late waits for its notification.
 
 SimGrid gives each message's transfer time on the platform (one engine, latency factor 1:
 every message pays its route's latency once). Slow start is added where TCP pays it: on a cold
-connection. Between two exchanges a connection idles for coordination cycles, longer on a
-delayed link than its retransmission timeout, after which Linux restarts it from the initial
-window (`tcp_slow_start_after_idle`, on by default). A collective's first flight on each
-connection (the allreduce sends two segments at once) then needs `slow_start_rounds` more
-round trips the larger it is beyond that window, each costing `(latency_factor - 1) x route
-latency` (LV08's latency factor, fitted on runs with emulated latency) plus
+connection. Between two exchanges a connection carries at most coordination words, for
+coordination cycles that on a delayed link last longer than its retransmission timeout; Linux
+then shrinks its window back toward the initial window (`tcp_slow_start_after_idle`, on by
+default: a restart after a timeout without data, halving per timeout while the application
+uses little of it), which the model takes as a restart from it. A collective's first flight
+on each connection (the allreduce sends two segments at once) then needs `slow_start_rounds`
+more round trips the larger it is beyond that window, each costing `(latency_factor - 1) x
+route latency` (LV08's latency factor, fitted on runs with emulated latency) plus
 `bulk_message_seconds` of fitted overhead. In slow start the window grows by every byte
 acknowledged, so the flights after it on the same connection, no larger, go in one round trip.
 """

@@ -266,8 +266,11 @@ def test_rankings_count_pairs_the_simulator_orders_unlike_the_fleet():
 
 def test_rankings_say_which_discordant_pairs_the_fleets_own_repeats_order_either_way():
     def row(label, measured, simulated):
-        return {"experiment": "e", "label": label, "measured_step_seconds": measured} | {
-            "simulated_step_seconds": simulated
+        return {
+            "experiment": "e",
+            "label": label,
+            "measured_step_seconds": measured,
+            "simulated_step_seconds": simulated,
         }
 
     # a and b: medians 1.00 and 1.05 s measured, simulated the other way round; b's fastest
