@@ -36,7 +36,7 @@ from globaldl.simulate.exchange import (
     slow_start_rounds,
 )
 from globaldl.simulate.platform import Fleet
-from globaldl.simulate.steps import OVERLAP_HANDOFF_SECONDS, Workload
+from globaldl.simulate.steps import HANDOFF_SECONDS, Workload
 from globaldl.simulate.topology import Link, Platform, route_latency_seconds
 
 # The training thread's compute is handed to the CFS model in slices this long, so that the
@@ -257,7 +257,7 @@ def _simulate(
                 # With overlap a round's delta reaches Horovod only after the round before
                 # it has finished (see `steps`).
                 handed_over = not (mode.overlap and round_index) or (
-                    ends[rank, round_index - 1] + OVERLAP_HANDOFF_SECONDS <= last_cycle
+                    ends[rank, round_index - 1] + HANDOFF_SECONDS <= last_cycle
                 )
                 ready = len(done) > round_index and done[round_index] <= last_cycle and handed_over
                 spend(rank, cycle_cpu[rank])

@@ -7,11 +7,16 @@ device's tensors ready starts the collective, whose ring hops are composed from 
 per-message times by the ring's data dependencies. The next round starts where the
 collective ends (or, with overlap, compute runs one round ahead).
 
-With overlap, a device computes round t+1 while round t's exchange is in flight, but it hands
-round t+1's delta to Horovod only once round t has finished (`local_sgd.overlap`: one exchange
-in flight per process, so every rank submits in the same order). By then the loop, free at
-that finish, has already begun its next cycle: the delta waits for that cycle to end, then
-for a cycle of its own.
+A tensor made from a collective's result reaches Horovod's queue only after the loop has
+begun its next cycle: the loop goes from the collective's end straight into that cycle (its
+cycle time has long passed), while the result first has to wake the training thread, which
+then works on it and enqueues. So such a tensor waits for that cycle to end, then for a cycle of
+its own (`HANDOFF_SECONDS`). Two exchanges are made so: with overlap, round t+1's delta, which
+a device hands to Horovod only once round t has finished (`local_sgd.overlap`: one exchange in
+flight per process, so every rank submits in the same order); and a summed round after the
+first (PowerSGD's Q, computed from the summed P). The hierarchy's operations pass each result
+on unchanged and are not made to wait so; that is read from the fleet's hierarchy runs (with
+the wait they would be simulated half again too slow), not from Horovod's source.
 
 What makes 10,000 devices cheap (checked against the unreduced, message-by-message SimGrid
 simulation in `protocol` on small fleets): SimGrid simulates one hop of each phase (its
@@ -53,10 +58,10 @@ MIN_ROUNDS = 3
 QUOTA_PERIODS_MEASURED = 20
 STEADY_TOLERANCE = 0.02
 MAX_CYCLES_PER_ROUND = 200_000
-# With overlap, a delta reaches Horovod this long after the exchange before it finished (the
-# background thread wakes, applies that average, and enqueues): any time after the loop's next
+# A tensor made from a collective's result reaches Horovod this long after that collective
+# finished (a thread wakes, works on the result, and enqueues): any time after the loop's next
 # cycle began. Its size barely matters; that it is not zero does.
-OVERLAP_HANDOFF_SECONDS = 1e-3
+HANDOFF_SECONDS = 1e-3
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,7 @@ def simulate_steps(
         parameters.cycle_cpu_seconds + cycle.sends(ranks) * parameters.message_cpu_seconds
     ) / speeds
     collective = collective_of(fleet, mode, network, workload.payload_bytes)
+    kinds = len(collective.operations())
     operations = collective.operations() * mode.rounds
     messages = sum(operation.messages() for operation in operations)
     loops = _Loops(cpu, np.zeros(ranks), np.full(ranks, -np.inf))
@@ -209,7 +215,7 @@ def simulate_steps(
             cpu_per_cycle,
             message_cpu,
             rng,
-            previous_end + OVERLAP_HANDOFF_SECONDS if mode.overlap else None,
+            previous_end + HANDOFF_SECONDS if mode.overlap else None,
         )
         compute_end = ready
         # The collective's messages draw on the quota too (their time is in the ring's hops).
@@ -219,10 +225,14 @@ def simulate_steps(
         # The exchange's Horovod operations in order: each summed round's (`mode.rounds`), and
         # within one the hierarchy's three (`Collective.operations`). Each after the first
         # carries tensors that exist only once the one before has finished: it waits for a
-        # coordination cycle of its own. The step's collective part spans them all.
+        # coordination cycle of its own. A summed round's tensors are computed from the round
+        # before's result (PowerSGD's Q from P), so they are handed over after the loop's next
+        # cycle began and wait for that cycle first; the hierarchy's next operation takes the
+        # one before's output as it is, queued by TensorFlow's executor as its result comes.
         operation_start, finish = started, started
         for index, operation in enumerate(operations):
             if index:
+                new_round = index % kinds == 0
                 _, operation_start, more = _coordinate(
                     loops,
                     finish,
@@ -232,6 +242,7 @@ def simulate_steps(
                     cpu_per_cycle,
                     message_cpu,
                     rng,
+                    finish + HANDOFF_SECONDS if new_round else None,
                 )
                 cycles += more
             cpu.run(operation_start, np.minimum(operation.messages() * message_cpu, quota))
