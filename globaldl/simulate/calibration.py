@@ -312,6 +312,7 @@ def evaluate(
                 "cpu_cores": "/".join(f"{share:g}" for share in sorted(set(item.cpu_cores))),
                 "link": item.profile.name,
                 "cycle_time_ms": item.cycle_time_seconds * 1000,
+                "machine": item.machine,
                 "per_rank_phases": item.per_rank_phases,
                 "measured_step_seconds": item.step_seconds,
                 "simulated_step_seconds": estimate.step_seconds,
@@ -354,21 +355,32 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     (both configurations with at least two repeats: the fleet's own runs order them either
     way). A configuration with one repeat shows no spread, so its pairs never count as
     overlapping.
+
+    The fleet's runs of one experiment were not all taken on one machine, and the hosts of
+    these virtual machines differ (the same video run computed 5-12x slower a step on one than
+    on another). So the check also ranks each machine's runs on their own (`machine`; rows
+    without one are one machine): `pairs_on_one_machine` pairs of configurations were measured
+    on a common machine, `discordant_on_one_machine` of them ordered unlike the fleet there.
+    That count is information; the target counts every pair.
     """
     checks = []
     for experiment in sorted({row["experiment"] for row in rows}):
-        members = _configuration_medians([row for row in rows if row["experiment"] == experiment])
-        discordant = []
-        for first, second in itertools.combinations(members, 2):
-            measured = first["measured_step_seconds"] - second["measured_step_seconds"]
-            simulated = first["simulated_step_seconds"] - second["simulated_step_seconds"]
-            if measured * simulated < 0:
-                gap = abs(measured) / min(
-                    first["measured_step_seconds"], second["measured_step_seconds"]
-                )
-                discordant.append(
-                    _Discordant(first["label"], second["label"], gap, _overlap(first, second))
-                )
+        runs = [row for row in rows if row["experiment"] == experiment]
+        members = _configuration_medians(runs)
+        discordant = _discordant_pairs(members)
+        same_machine_pairs: set[tuple[str, str]] = set()
+        same_machine_discordant: set[tuple[str, str]] = set()
+        for machine in sorted({row.get("machine", "") for row in runs}):
+            on_machine = _configuration_medians(
+                [row for row in runs if row.get("machine", "") == machine]
+            )
+            same_machine_pairs |= {
+                tuple(sorted((a["label"], b["label"])))
+                for a, b in itertools.combinations(on_machine, 2)
+            }
+            same_machine_discordant |= {
+                tuple(sorted((pair.first, pair.second))) for pair in _discordant_pairs(on_machine)
+            }
         pairs = len(members) * (len(members) - 1) // 2
         checks.append(
             {
@@ -378,6 +390,8 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "discordant_pairs": len(discordant),
                 "discordant_within_10_percent": sum(1 for pair in discordant if pair.gap < 0.10),
                 "discordant_ranges_overlap": sum(1 for pair in discordant if pair.overlap),
+                "pairs_on_one_machine": len(same_machine_pairs),
+                "discordant_on_one_machine": len(same_machine_discordant),
                 "kendall_tau": 1 - 2 * len(discordant) / pairs if pairs else 1.0,
                 "discordant": [
                     f"{a} vs {b} (fleet gap {gap:.0%}{', ranges overlap' if overlap else ''})"
@@ -386,6 +400,22 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return checks
+
+
+def _discordant_pairs(members: Sequence[dict[str, Any]]) -> list[_Discordant]:
+    """The pairs of configurations (`_configuration_medians`) ordered unlike the fleet."""
+    discordant = []
+    for first, second in itertools.combinations(members, 2):
+        measured = first["measured_step_seconds"] - second["measured_step_seconds"]
+        simulated = first["simulated_step_seconds"] - second["simulated_step_seconds"]
+        if measured * simulated < 0:
+            gap = abs(measured) / min(
+                first["measured_step_seconds"], second["measured_step_seconds"]
+            )
+            discordant.append(
+                _Discordant(first["label"], second["label"], gap, _overlap(first, second))
+            )
+    return discordant
 
 
 class _Discordant(NamedTuple):

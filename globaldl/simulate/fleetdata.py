@@ -104,6 +104,9 @@ class Observation:
     # Integer sums (`--quantize intsum`): the lanes' width, which fixes how many ranks they can
     # sum (0: not an integer sum).
     lane_bits: int = 0
+    # The machine the run was taken on (its CPU and kernel build; the kernel build tells the
+    # hosts of these virtual machines apart), or "" where the run recorded none.
+    machine: str = ""
 
     @property
     def key(self) -> str:
@@ -156,6 +159,12 @@ def host_cores(run: dict[str, Any]) -> float | None:
     busy = other / seconds if seconds > 0 else 0.0
     # A tenth of the machine at least: a load record cannot leave the devices nothing.
     return max(float(cores) - busy, 0.1 * float(cores))
+
+
+def machine_name(run: dict[str, Any]) -> str:
+    """The run's machine as `cpu kernel`, or "" when it recorded none."""
+    machine = run.get("machine") or {}
+    return " ".join(str(machine[key]) for key in ("cpu", "kernel") if machine.get(key))
 
 
 def run_sites(
@@ -374,6 +383,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         else 0,
         rank_sites=sites,
         lan_profile=lan,
+        machine=machine_name(run),
     )
 
 

@@ -289,6 +289,31 @@ def test_rankings_say_which_discordant_pairs_the_fleets_own_repeats_order_either
     assert check["discordant_pairs"] == 1 and check["discordant_ranges_overlap"] == 0
 
 
+def test_rankings_also_compare_configurations_on_each_machine_alone():
+    def row(label, machine, measured, simulated):
+        return {
+            "experiment": "e",
+            "label": label,
+            "machine": machine,
+            "measured_step_seconds": measured,
+            "simulated_step_seconds": simulated,
+        }
+
+    rows = [
+        row("a", "m1", 1.0, 1.0),
+        row("b", "m2", 0.5, 1.5),
+        row("c", "m1", 3.0, 0.5),
+        row("c", "m2", 3.0, 3.0),
+    ]
+    [check] = ranking_checks(rows)
+    # Over every run: a and b (never on one machine) are discordant; c's medians (3.0 s
+    # measured, 1.75 s simulated) come after both on both sides.
+    assert check["discordant"] == ["a vs b (fleet gap 100%)"]
+    # On m1 alone c is simulated faster than a; on m2, b and c agree. a and b share no machine.
+    assert check["pairs_on_one_machine"] == 2
+    assert check["discordant_on_one_machine"] == 1
+
+
 def test_calibrating_on_unknown_experiments_names_the_available_ones():
     observations = load_observations(experiments=["devices"])
     with pytest.raises(ValueError, match="devices"):
