@@ -23,15 +23,17 @@ def machine_description() -> dict[str, Any]:
     import globaldl
 
     cpu_model = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpuinfo = _first_cpu_fields()
+    cpu_model = cpuinfo.get("model name", cpu_model)
     return {
         "cpu": cpu_model,
+        # Virtual machines' CPUs often name only the vendor ("AMD EPYC"); family, model and
+        # stepping tell their generations apart (hosts here differed 5-15x on one model).
+        "cpu_signature": " ".join(
+            f"{name.replace('cpu ', '')} {cpuinfo[name]}"
+            for name in ("cpu family", "model", "stepping")
+            if name in cpuinfo
+        ),
         "cores": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "kernel": platform.release(),
@@ -40,6 +42,22 @@ def machine_description() -> dict[str, Any]:
         "horovod": _installed_version("horovod"),
         "globaldl": globaldl.__version__,
     }
+
+
+def _first_cpu_fields(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first processor's `name: value` lines of /proc/cpuinfo ({} where unreadable)."""
+    fields: dict[str, str] = {}
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        name, separator, value = line.partition(":")
+        if separator:
+            fields.setdefault(name.strip(), value.strip())
+    return fields
 
 
 def _installed_version(distribution: str) -> str:

@@ -162,9 +162,10 @@ def host_cores(run: dict[str, Any]) -> float | None:
 
 
 def machine_name(run: dict[str, Any]) -> str:
-    """The run's machine as `cpu kernel`, or "" when it recorded none."""
+    """The run's machine as `cpu [signature] kernel`, or "" when it recorded none."""
     machine = run.get("machine") or {}
-    return " ".join(str(machine[key]) for key in ("cpu", "kernel") if machine.get(key))
+    keys = ("cpu", "cpu_signature", "kernel")
+    return " ".join(str(machine[key]) for key in keys if machine.get(key))
 
 
 def run_sites(
