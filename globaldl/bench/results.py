@@ -22,13 +22,11 @@ def machine_description() -> dict[str, Any]:
 
     import globaldl
 
-    cpu_model = platform.processor() or "unknown"
     cpuinfo = _first_cpu_fields()
-    cpu_model = cpuinfo.get("model name", cpu_model)
     return {
-        "cpu": cpu_model,
+        "cpu": cpuinfo.get("model name") or platform.processor() or "unknown",
         # Virtual machines' CPUs often name only the vendor ("AMD EPYC"); family, model and
-        # stepping tell their generations apart (hosts here differed 5-15x on one model).
+        # stepping tell their generations apart (hosts here differed 4.7-15x on one run).
         "cpu_signature": " ".join(
             f"{name.replace('cpu ', '')} {cpuinfo[name]}"
             for name in ("cpu family", "model", "stepping")

@@ -357,7 +357,7 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     overlapping.
 
     The fleet's runs of one experiment were not all taken on one machine, and the hosts of
-    these virtual machines differ (the same video run computed 5-12x slower a step on one than
+    these virtual machines differ (the same video run took 4.7-15x longer a step on one than
     on another). So the check also ranks each machine's runs on their own (`machine`; rows
     without one are one machine): `pairs_on_one_machine` pairs of configurations were measured
     on a common machine, `discordant_on_one_machine` of them ordered unlike the fleet there.

@@ -104,8 +104,8 @@ class Observation:
     # Integer sums (`--quantize intsum`): the lanes' width, which fixes how many ranks they can
     # sum (0: not an integer sum).
     lane_bits: int = 0
-    # The machine the run was taken on (its CPU and kernel build; the kernel build tells the
-    # hosts of these virtual machines apart), or "" where the run recorded none.
+    # The machine the run was taken on (`machine_name`: CPU, its signature where recorded, and
+    # kernel build, which tells these virtual machines' hosts apart), or "" where none.
     machine: str = ""
 
     @property

@@ -196,8 +196,8 @@ def simulate_steps(
         parameters.cycle_cpu_seconds + cycle.sends(ranks) * parameters.message_cpu_seconds
     ) / speeds
     collective = collective_of(fleet, mode, network, workload.payload_bytes)
-    kinds = len(collective.operations())
-    operations = collective.operations() * mode.rounds
+    per_round = collective.operations()
+    operations = per_round * mode.rounds
     messages = sum(operation.messages() for operation in operations)
     loops = _Loops(cpu, np.zeros(ranks), np.full(ranks, -np.inf))
     quota_bound = bool(np.any(cpu.binding))
@@ -232,7 +232,7 @@ def simulate_steps(
         operation_start, finish = started, started
         for index, operation in enumerate(operations):
             if index:
-                new_round = index % kinds == 0
+                new_round = index % len(per_round) == 0
                 _, operation_start, more = _coordinate(
                     loops,
                     finish,
