@@ -322,6 +322,11 @@ def evaluate(
                 "measured_cpu_seconds_per_step": (
                     float(np.mean(measured_cpu)) if measured_cpu is not None else None
                 ),
+                # The compute phase a step (rank 0): the fleet's wall seconds outside the
+                # exchange, and the model's (the run's step CPU before the exchange, which holds
+                # the exchange's own CPU too).
+                "measured_compute_seconds": item.compute_wall_seconds,
+                "simulated_compute_seconds": estimate.compute_seconds,
                 "simulated_steps": estimate.simulated_steps,
             }
         )

@@ -44,6 +44,8 @@ ERROR_COLUMNS = (
     "error",
     "simulated_cpu_seconds_per_step",
     "measured_cpu_seconds_per_step",
+    "measured_compute_seconds",
+    "simulated_compute_seconds",
 )
 PROJECTION_COLUMNS = (
     "devices",

@@ -14,7 +14,7 @@ over the return route (Gloo's rendezvous), and the message then arrives after it
 latency and jitter; a collective's first flight on each connection (cold since the last
 exchange) first waits out its slow start, holding the connection. Covers flat rings (allreduce
 and allgather), local steps and overlap; the hierarchical exchange is composed of the same
-rings.
+rings, and summed rounds (one collective after another in one exchange) are refused.
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ def simulate_protocol(
     """Run `rounds` exchange rounds of `mode` on `fleet`, message by message, in SimGrid."""
     if mode.hierarchy != "none":
         raise ValueError("the unreduced simulation covers flat rings only (hierarchy='none')")
+    if mode.rounds != 1:
+        raise ValueError(
+            f"the unreduced simulation runs one collective per exchange (rounds=1), got "
+            f"rounds={mode.rounds}: summed rounds (PowerSGD's P then Q) are the reduced "
+            "model's only"
+        )
     if fleet.size < 2:
         raise ValueError("the unreduced simulation needs at least 2 ranks")
     if rounds < 2:

@@ -5,6 +5,7 @@ model composes the steps from one simulated hop per phase, the unreduced one run
 loop and Gloo's chain and ring message by message.
 """
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -68,3 +69,17 @@ def test_the_longest_wait_for_one_message_is_about_n_hops_not_the_chains_two_n()
     reduced, unreduced = _both(link, ranks, ExchangeMode("fp16"), 4_000, 0.005, 1.0, 3)
     assert (ranks - 1) * hop < unreduced.longest_wait_seconds < (ranks + 3) * hop
     assert reduced.longest_wait_seconds == pytest.approx(unreduced.longest_wait_seconds, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("mode", "named"),
+    [
+        (ExchangeMode("powersgd", rounds=2), "rounds=2"),
+        (ExchangeMode("sites", hierarchy="sites"), "hierarchy='none'"),
+    ],
+)
+def test_exchanges_the_unreduced_simulation_does_not_cover_are_refused_by_name(mode, named):
+    fleet = Fleet(tuple(Device(default_profiles()["lte"], cpu_cores=0.5) for _ in range(4)))
+    workload = Workload(123_414, 0.005, np.full(4, 0.012))
+    with pytest.raises(ValueError, match=re.escape(named)):
+        simulate_protocol(fleet, mode, workload, PARAMETERS)
