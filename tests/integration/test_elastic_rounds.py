@@ -13,8 +13,11 @@ from globaldl import summary as summary_module
 pytestmark = pytest.mark.horovod
 
 ROUND_STEPS = 8
+# Long enough that the kill, half a second after epoch 1 ends, falls inside epoch 2 on a fast
+# host too: at 40 steps epoch 2 once took 0.4 s, and the kill met a worker already exiting.
+EPOCH_STEPS = 200
 TRAIN = [
-    "--epochs", "2", "--max-steps-per-epoch", "40", "--seed", "0",
+    "--epochs", "2", "--max-steps-per-epoch", str(EPOCH_STEPS), "--seed", "0",
     "--sync-every", str(ROUND_STEPS), "--overlap", "--commit-every", str(ROUND_STEPS),
     "--prune", "topk", "--density", "0.01", "--quantize", "int8",
 ]  # fmt: skip
