@@ -104,8 +104,8 @@ class Observation:
     # Integer sums (`--quantize intsum`): the lanes' width, which fixes how many ranks they can
     # sum (0: not an integer sum).
     lane_bits: int = 0
-    # The machine the run was taken on (`machine_name`: CPU, its signature where recorded, and
-    # kernel build, which tells these virtual machines' hosts apart), or "" where none.
+    # The machine the run was taken on (`machine_name`: CPU and kernel build, which tells these
+    # virtual machines' hosts apart), or "" where none.
     machine: str = ""
 
     @property
@@ -162,9 +162,13 @@ def host_cores(run: dict[str, Any]) -> float | None:
 
 
 def machine_name(run: dict[str, Any]) -> str:
-    """The run's machine as `cpu [signature] kernel`, or "" when it recorded none."""
+    """The run's machine as `cpu kernel`, or "" when it recorded none.
+
+    Not the CPU's signature: only the later runs record it, and one host must keep one name
+    across them (the runs of one host were two machines to the ranking check while it did).
+    """
     machine = run.get("machine") or {}
-    keys = ("cpu", "cpu_signature", "kernel")
+    keys = ("cpu", "kernel")
     return " ".join(str(machine[key]) for key in keys if machine.get(key))
 
 

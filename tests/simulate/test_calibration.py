@@ -161,6 +161,17 @@ def test_a_run_in_rounds_is_measured_as_its_local_steps_and_one_steady_round_per
     assert observation_from_run("test", _run()).step_seconds == pytest.approx(0.1)
 
 
+def test_one_host_keeps_one_machine_name_whether_or_not_its_runs_recorded_the_cpu_signature():
+    host = {"cpu": "AMD EPYC", "kernel": "6.18.44-fc-v509", "cores": 2}
+    older = observation_from_run("test", _run() | {"machine": host})
+    later = observation_from_run(
+        "test", _run() | {"machine": host | {"cpu_signature": "family 26 model 2 stepping 1"}}
+    )
+    assert older.machine == later.machine == "AMD EPYC 6.18.44-fc-v509"
+    other = observation_from_run("test", _run() | {"machine": host | {"kernel": "6.18.44-fc-v782"}})
+    assert other.machine != older.machine
+
+
 def test_the_devices_share_the_machine_less_what_its_links_and_launcher_used():
     run = _run() | {"machine": {"cores": 2}}
     run["load"] = {"seconds": 100.0, "emulation_cpu_seconds": 20.0, "driver_cpu_seconds": 5.0}
