@@ -357,14 +357,15 @@ def write_outputs(
         columns=columns or None,
         markdown_rows=presented(rows, columns or list(rows[0]) if rows else []),
         machine=machine,
-        # Every run's record (summaries included): indented it outgrew 2 MiB at 59 runs.
+        # Every run's record (summaries included): indented it outgrew 2 MiB at 59 runs. Each
+        # run's table row is in `<name>-runs.csv` and derives from its record, so it is not
+        # here again (with it, 84 runs outgrew 2 MiB compact).
         json_indent=None,
         extra={
             "experiment": experiment.get_config(),
             "complete": complete,
             "protocol": protocol,
             "targets": [check.as_row() for check in checks],
-            "run_rows": run_rows,
             "runs": [result.to_dict() for result in results],
             **(
                 {"machines": [{**found, "runs": runs} for found, runs in machines]}
