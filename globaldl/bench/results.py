@@ -35,11 +35,24 @@ def machine_description() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "kernel": platform.release(),
+        # What the fleet's connections pace and grow their windows by (network namespaces
+        # start with the host's): the simulator's TCP model depends on it.
+        "tcp_congestion_control": _tcp_congestion_control(),
         "python": platform.python_version(),
         "tensorflow": _installed_version("tensorflow"),
         "horovod": _installed_version("horovod"),
         "globaldl": globaldl.__version__,
     }
+
+
+def _tcp_congestion_control(
+    setting: Path = Path("/proc/sys/net/ipv4/tcp_congestion_control"),
+) -> str:
+    """The kernel's default TCP congestion control (`bbr`, `cubic`), or "unknown"."""
+    try:
+        return setting.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _first_cpu_fields(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:

@@ -1,6 +1,8 @@
 """The machine record kept with every benchmark and experiment number."""
 
-from globaldl.bench.results import _first_cpu_fields, machine_description
+from pathlib import Path
+
+from globaldl.bench.results import _first_cpu_fields, _tcp_congestion_control, machine_description
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -34,3 +36,12 @@ def test_the_record_names_the_cpus_generation_beside_its_name():
         assert machine["cpu_signature"].startswith(f"family {fields['cpu family']} model ")
     assert machine["cpu"] == fields.get("model name", machine["cpu"])
     assert machine["cores"] >= 1
+
+
+def test_the_record_names_the_kernels_tcp_congestion_control(tmp_path):
+    setting = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+    assert machine_description()["tcp_congestion_control"] == setting.read_text().strip()
+    written = tmp_path / "tcp_congestion_control"
+    written.write_text("cubic\n")
+    assert _tcp_congestion_control(written) == "cubic"
+    assert _tcp_congestion_control(tmp_path / "missing") == "unknown"
