@@ -1,10 +1,9 @@
 """Calibrate the simulator on a declared subset of the fleet's runs and check it on the rest.
 
 Fitted, because no summary measures them: SimGrid's TCP bandwidth factor (the share of the
-shaped rate a ring's TCP flows get), the CPU time of one Gloo message, the CPU time Horovod's
-background loop burns per cycle, an extra delay per round trip of slow start (which a
-collective's first flight on a cold connection pays, `exchange.slow_start_rounds`) and, once
-runs with emulated latency exist, LV08's slow-start latency factor. Everything else
+shaped rate a ring's TCP flows get), the CPU time of one Gloo message and the CPU time
+Horovod's background loop burns per cycle. What TCP adds on a delayed link is not fitted: it
+is BBR's pacing (`exchange.paced_seconds`), measured on the fleet's links. Everything else
 is measured: rates, latencies, payload bytes, cycle times, each rank's compute phases, CPU
 quotas, the cores of the machine the emulated devices shared, and the run's sites. The fit is
 a coordinate descent over a grid per parameter (SimGrid runs once per bandwidth factor; the
@@ -23,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from globaldl.fleet.cycle_time import COORDINATION_BYTES_PER_CYCLE
-from globaldl.simulate.engine import LV08_LATENCY_FACTOR, TcpModel
+from globaldl.simulate.engine import TcpModel
 from globaldl.simulate.exchange import (
     ExchangeMode,
     ExchangeParameters,
@@ -37,11 +36,10 @@ from globaldl.simulate.steps import StepEstimate, Workload, simulate_steps
 
 # The declared calibration subset, all on 4 devices at half a core: every codec and three cycle
 # times (ablation), three link profiles x two models x both collectives (bottleneck), and the
-# only runs with a delay on every access link (latency: 0 and 100 ms, dense and compressed),
-# which fit LV08's slow-start factor (its default, 13.01, put a dense 100 ms step at 3.2x the
-# measured one). Held out: 1-8 devices at a quarter core (devices), unequal CPU shares and
+# only runs with a delay on every access link (latency: 0-300 ms, dense and compressed). Held
+# out: 1-8 devices at a quarter core (devices), unequal CPU shares and
 # batches (balance), MLPs (resources), a 3-device ring (recovery), and 16 devices behind
-# delayed lte links, in sites or each on its own (sites): the check of the fitted latency.
+# delayed lte links, in sites or each on its own (sites).
 CALIBRATION_EXPERIMENTS = ("ablation", "bottleneck", "latency")
 MAX_MEDIAN_ERROR = 0.10
 # Steps simulated per run at most (fewer when the round time is steady sooner).
@@ -50,8 +48,6 @@ GRIDS: dict[str, tuple[float, ...]] = {
     "bandwidth_factor": tuple(round(float(value), 3) for value in np.arange(0.60, 1.001, 0.025)),
     "message_cpu_seconds": (0.0, 0.00005, 0.0001, 0.0002, 0.0004, 0.0008, 0.0015),
     "cycle_cpu_seconds": (0.0, 0.00002, 0.00005, 0.0001, 0.0002, 0.0004, 0.0008, 0.0016),
-    "bulk_message_seconds": (0.0, 0.001, 0.002, 0.004, 0.007, 0.010, 0.015),
-    "latency_factor": (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, LV08_LATENCY_FACTOR),
 }
 MAX_SWEEPS = 4
 # The issue validates the exchange on 2-16 devices; a 1-device run has none, and its step is
@@ -64,23 +60,17 @@ class SimParameters:
     """The simulator's parameters, fitted or default, with what they were fitted on."""
 
     bandwidth_factor: float = 0.85
-    latency_factor: float = LV08_LATENCY_FACTOR
     message_cpu_seconds: float = 0.0002
     cycle_cpu_seconds: float = 0.00005
-    bulk_message_seconds: float = 0.002
     coordination_bytes_per_cycle: float = float(COORDINATION_BYTES_PER_CYCLE)
     fitted_on: tuple[str, ...] = ()
-    latency_fitted: bool = False
 
     def exchange_parameters(self, gloo_timeout_seconds: float | None = None) -> ExchangeParameters:
         """The exchange model's parameters."""
         parameters = ExchangeParameters(
-            tcp=TcpModel(
-                latency_factor=self.latency_factor, bandwidth_factor=self.bandwidth_factor
-            ),
+            tcp=TcpModel(latency_factor=1.0, bandwidth_factor=self.bandwidth_factor),
             message_cpu_seconds=self.message_cpu_seconds,
             cycle_cpu_seconds=self.cycle_cpu_seconds,
-            bulk_message_seconds=self.bulk_message_seconds,
             coordination_bytes_per_cycle=self.coordination_bytes_per_cycle,
         )
         if gloo_timeout_seconds is not None:
@@ -187,7 +177,7 @@ def predict(
             case.mode,
             case.workload,
             exchange,
-            {name: phase.hops(exchange) for name, phase in phases.items()},
+            {name: phase.hops() for name, phase in phases.items()},
             max_steps=CALIBRATION_STEPS,
         )
         for case, phases in zip(cases, transfers, strict=True)
@@ -255,8 +245,7 @@ def calibrate(
         )
     if all(item.experiment in fit_on for item in observations):
         raise ValueError("every run is in the calibration subset: nothing left to validate on")
-    with_latency = any(case.observation.profile.core_round_trip_ms > 0 for case in fitting)
-    names = [name for name in GRIDS if with_latency or name != "latency_factor"]
+    names = list(GRIDS)
     experiments = [case.observation.experiment for case in fitting]
     transfers: dict[float, list[dict[str, Transfers]]] = {}
 
@@ -267,7 +256,7 @@ def calibrate(
         errors = relative_errors(fitting, predict(fitting, candidate, transfers[factor]))
         return score(errors, experiments)
 
-    best = SimParameters(fitted_on=tuple(fit_on), latency_fitted=with_latency)
+    best = SimParameters(fitted_on=tuple(fit_on))
     best_score = evaluate_candidate(best)
     for sweep in range(MAX_SWEEPS):
         improved = False

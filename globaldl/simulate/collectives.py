@@ -102,17 +102,10 @@ class RingStage:
     hops: np.ndarray  # per rank; 0 for ranks outside this stage
     notify_seconds: np.ndarray  # per rank: its "ready to receive" on the way to its upstream
     in_flight: int = 1
-    # Per rank: the slow start of the first flight (`in_flight` messages) it receives, on a
-    # connection gone cold between exchanges; the flights after it find the window open.
-    # None: 0.
-    incoming_cold_start_seconds: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.in_flight, int) or self.in_flight < 1:
             raise ValueError(f"in_flight must be an integer >= 1, got {self.in_flight!r}")
-        if self.incoming_cold_start_seconds is None:
-            cold = np.zeros(len(self.upstream))
-            object.__setattr__(self, "incoming_cold_start_seconds", cold)
 
     @classmethod
     def of(
@@ -123,14 +116,17 @@ class RingStage:
         hop_count: np.ndarray,
         in_flight: int = 1,
     ) -> RingStage:
-        """The stage in which rank p receives the message `upstream[p]` sends in `hops`."""
+        """The stage in which rank p receives the message `upstream[p]` sends in `hops`.
+
+        A message's bytes take the link's time or, slower, BBR's pacing of `in_flight` of them
+        at once (`Hops.sending_seconds`).
+        """
         transfer, latency, jitter = np.zeros(ranks), np.zeros(ranks), np.zeros(ranks)
-        notify, cold = np.zeros(ranks), np.zeros(ranks)
-        transfer[hops.phase.sources] = hops.transfer_seconds
+        notify = np.zeros(ranks)
+        transfer[hops.phase.sources] = hops.sending_seconds(in_flight)
         latency[hops.phase.sources] = hops.latency_seconds
         jitter[hops.phase.sources] = hops.jitter_seconds
         notify[hops.phase.sources] = hops.notify_seconds
-        cold[hops.phase.sources] = hops.cold_start_seconds(in_flight)
         return cls(
             upstream,
             transfer[upstream],
@@ -139,7 +135,6 @@ class RingStage:
             hop_count,
             notify[upstream],
             in_flight,
-            cold[upstream],
         )
 
     def downstream(self) -> np.ndarray:
@@ -164,9 +159,7 @@ def ring_finish(
     waits for the d still going the same way. Messages between two ranks share one TCP
     connection: the upstream rank pushes a message's bytes only after the previous message's
     (transfer) and once rank p's "ready to receive", sent when p starts the hop, has come back
-    (Gloo's rendezvous); each message then takes its latency (and jitter) to arrive. The first
-    flight's slow start (`incoming_cold_start_seconds`) holds the connection: its messages, and
-    the bytes behind them, leave that much later.
+    (Gloo's rendezvous); each message then takes its latency (and jitter) to arrive.
     """
     start = np.array(start_seconds, dtype=float, copy=True)
     ranks, most = len(start), int(stage.hops.max(initial=0))
@@ -220,8 +213,6 @@ def ring_finish(
         np.add(start, stage.notify_seconds, out=posted)
         np.maximum(posted, pushed, out=pushed)
         pushed += stage.incoming_transfer_seconds
-        if hop == 0:
-            pushed += stage.incoming_cold_start_seconds
         np.add(pushed, delays[hop % block], out=arrival)
         # Rank p's own message is the one its downstream receives.
         if every_rank:

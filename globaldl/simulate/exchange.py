@@ -36,17 +36,14 @@ coordination chain's receivers post theirs on entry, long before the word comes 
 message to a rank that entered late waits for its notification.
 
 SimGrid gives each message's transfer time on the platform (one engine, latency factor 1:
-every message pays its route's latency once). Slow start is added where TCP pays it: on a cold
-connection. Between two exchanges a connection carries at most coordination words, for
-coordination cycles that on a delayed link last longer than its retransmission timeout; Linux
-then shrinks its window back toward the initial window (`tcp_slow_start_after_idle`, on by
-default: a restart after a timeout without data, halving per timeout while the application
-uses little of it), which the model takes as a restart from it. A collective's first flight
-on each connection (the allreduce sends two segments at once) then needs `slow_start_rounds`
-more round trips the larger it is beyond that window, each costing `(latency_factor - 1) x
-route latency` (LV08's latency factor, fitted on runs with emulated latency) plus
-`bulk_message_seconds` of fitted overhead. In slow start the window grows by every byte
-acknowledged, so the flights after it on the same connection, no larger, go in one round trip.
+every message pays its route's latency once). TCP adds what its congestion control does. The
+fleet's kernel runs BBR (`tcp_congestion_control` in every run's machine record), measured on
+the fleet's links with `globaldl fleet tcp` (README, "What TCP does on the fleet's links"): it
+never restarts a window after the pauses between collectives (BBR's own control replaces the
+kernel's slow start after idle), but a connection that carries only the exchange's flights is
+application-limited and paces what it sends at `paced_seconds`. Where that pacing is faster
+than the link, the link sets the time (SimGrid's); where slower (long round trips, small
+flights), the pacing does.
 """
 
 from __future__ import annotations
@@ -63,8 +60,16 @@ from globaldl.simulate.topology import Phase, Platform, route_latency_seconds
 
 # Horovod's coordination word: one 64-bit word while fewer than 61 tensors are cached.
 COORDINATION_MESSAGE_BYTES = 8
-# A message that fits TCP's initial window (10 segments) arrives in one flight: no slow start.
-INITIAL_WINDOW_BYTES = 10 * 1448
+# TCP payload per segment on the fleet's 1500-byte links (timestamps on).
+SEGMENT_BYTES = 1448
+# BBR's pacing gain in STARTUP, 2/ln 2 (`bbr_high_gain`; ss shows pacing_gain:2.88672): an
+# application-limited connection never sees the bandwidth plateau that ends STARTUP.
+BBR_STARTUP_GAIN = 2 / math.log(2)
+# TCP's initial window (RFC 6928), from which BBR sets its first pacing rate.
+INITIAL_WINDOW_SEGMENTS = 10
+# The segments BBR puts in one packet train (`bbr_min_tso_segs`): one below 1.2 Mbit/s of
+# pacing (`bbr_min_tso_rate`), two above. After a pause the first train leaves at once.
+BBR_MIN_TSO_RATE_BITS_PER_SECOND = 1_200_000
 # Gloo's ring allreduce (`AllreduceOptions::kMaxSegmentSize`, and the messages it keeps going).
 ALLREDUCE_MAX_SEGMENT_BYTES = 1024 * 1024
 ALLREDUCE_MESSAGES_IN_FLIGHT = 2
@@ -112,21 +117,19 @@ class ExchangeMode:
 class ExchangeParameters:
     """What the exchange model needs beyond the platform; calibration fits some of these.
 
-    `tcp.latency_factor` is LV08's slow-start factor, applied per round trip a message on a
-    cold connection waits for TCP's window (`slow_start_rounds`); SimGrid itself always runs at
-    latency factor 1.
+    `tcp.bandwidth_factor` is fitted; SimGrid runs at latency factor 1 (every message pays its
+    route's latency once; what TCP adds is `paced_seconds`).
     """
 
     tcp: TcpModel = field(default_factory=TcpModel)
     message_cpu_seconds: float = 0.0
     cycle_cpu_seconds: float = 0.0
-    bulk_message_seconds: float = 0.0
     coordination_bytes_per_cycle: float = 400.0
     gloo_timeout_seconds: float = HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS
     jitter_seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("message_cpu_seconds", "cycle_cpu_seconds", "bulk_message_seconds"):
+        for name in ("message_cpu_seconds", "cycle_cpu_seconds"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.gloo_timeout_seconds > 0:
@@ -136,24 +139,40 @@ class ExchangeParameters:
         """The model SimGrid runs: the fitted bandwidth factor, latency paid once."""
         return replace(self.tcp, latency_factor=1.0)
 
-    def slow_start_round_seconds(self, route_latency_seconds: np.ndarray) -> np.ndarray:
-        """What one round trip of slow start costs a message on a route of this latency."""
-        latency = np.asarray(route_latency_seconds, dtype=float)
-        return (self.tcp.latency_factor - 1.0) * latency + self.bulk_message_seconds
 
+def paced_seconds(
+    message_bytes: np.ndarray | float,
+    flight_messages: int,
+    round_trip_seconds: np.ndarray | float,
+) -> np.ndarray:
+    """Least time BBR takes to let a message's bytes leave on an application-limited connection.
 
-def slow_start_rounds(sizes_bytes: np.ndarray | float) -> np.ndarray:
-    """Round trips beyond the first a message of `sizes_bytes` waits for on a cold connection.
-
-    From the initial window W, the window doubles every round trip (it grows by the bytes
-    acknowledged), so B bytes take ceil(log2(B / W + 1)) round trips: none extra within W, one
-    up to 3W, two up to 7W.
+    A connection that sends flights of F bytes (`flight_messages` messages at once) and waits
+    for more work between them never fills the link. BBR estimates its bandwidth as the
+    delivery rate of those flights, b = F / (RTT + F / p), and, never leaving STARTUP (its
+    samples never show a plateau), paces at p = g b with g its STARTUP gain, a rate that there
+    only grows (`bbr_set_pacing_rate`), from g times the initial window per round trip
+    (`bbr_init_pacing_rate_from_rtt`). It grows toward p = (g - 1) F / RTT, where the two
+    agree, if that is higher. The first packet train (one segment, or two above 1.2 Mbit/s:
+    `bbr_min_tso_segs`) leaves at once, the rest at p: a message of S bytes takes
+    (S - train) / p, about half a round trip for a whole large flight. Measured on a 300 ms
+    path (1.2 s round trip, 62 kB flights, model 0.78 Mbit/s): 0.55-0.71 Mbit/s in one run,
+    1.08 in another; connections that carried only coordination words paced at 0.27 Mbit/s,
+    the initial rate (README).
     """
-    sizes = np.asarray(sizes_bytes, dtype=float)
+    sizes = np.asarray(message_bytes, dtype=float)
     if np.any(~(sizes >= 0)):
         raise ValueError(f"message sizes must be >= 0 bytes, got {sizes[~(sizes >= 0)][:3]}")
-    rounds = np.ceil(np.log2(sizes / INITIAL_WINDOW_BYTES + 1.0) - 1e-12) - 1.0
-    return np.maximum(rounds, 0.0)
+    if not isinstance(flight_messages, int) or flight_messages < 1:
+        raise ValueError(f"flight_messages must be an integer >= 1, got {flight_messages!r}")
+    flight = np.maximum(flight_messages * sizes, 1.0)
+    with np.errstate(divide="ignore"):  # no round trip (rates-only links): no pacing limit
+        rate = np.maximum(
+            (BBR_STARTUP_GAIN - 1) * flight,
+            BBR_STARTUP_GAIN * INITIAL_WINDOW_SEGMENTS * SEGMENT_BYTES,
+        ) / np.asarray(round_trip_seconds, dtype=float)
+    train = np.where(rate * 8 < BBR_MIN_TSO_RATE_BITS_PER_SECOND, 1, 2) * SEGMENT_BYTES
+    return np.maximum(sizes - train, 0.0) / rate
 
 
 def allreduce_segments(payload_bytes: float, ranks: int) -> int:
@@ -276,33 +295,27 @@ def _merge(phases: Sequence[Phase]) -> Phase:
 
 @dataclass(frozen=True)
 class Hops:
-    """One phase's messages with their simulated seconds.
-
-    `slow_start_round_seconds` is what one round trip of slow start costs each message; a ring
-    pays it for its first flight only (see the module's notes and `slow_start_rounds`).
-    """
+    """One phase's messages with their simulated seconds (SimGrid's, before TCP's pacing)."""
 
     phase: Phase
     transfer_seconds: np.ndarray  # pushing the bytes through the links (SimGrid)
     latency_seconds: np.ndarray  # route latency
     jitter_seconds: np.ndarray  # +- amplitude of each message's extra delay
     notify_seconds: np.ndarray  # the receiver's "ready to receive" back to the sender
-    slow_start_round_seconds: np.ndarray | None = None  # per round trip; None: 0
 
-    def __post_init__(self) -> None:
-        if self.slow_start_round_seconds is None:
-            zeros = np.zeros(len(self.latency_seconds))
-            object.__setattr__(self, "slow_start_round_seconds", zeros)
+    def sending_seconds(self, flight_messages: int = 1) -> np.ndarray:
+        """Each message's bytes leaving: the link's time, or BBR's pacing where it is slower.
 
-    def cold_start_seconds(self, flight_messages: int = 1) -> np.ndarray:
-        """Slow start of each message sent with `flight_messages` like it on a cold connection."""
-        rounds = slow_start_rounds(flight_messages * np.asarray(self.phase.sizes_bytes, float))
-        return rounds * self.slow_start_round_seconds
+        `flight_messages`: how many such messages the connection sends at once.
+        """
+        round_trip = self.latency_seconds + self.notify_seconds
+        paced = paced_seconds(self.phase.sizes_bytes, flight_messages, round_trip)
+        return np.maximum(self.transfer_seconds, paced)
 
     @property
     def seconds(self) -> np.ndarray:
-        """Each message's time from sending to arrival on a cold connection, without jitter."""
-        return self.transfer_seconds + self.latency_seconds + self.cold_start_seconds()
+        """Each message's time from sending to arrival (one at a time), without jitter."""
+        return self.sending_seconds() + self.latency_seconds
 
 
 @dataclass(frozen=True)
@@ -315,8 +328,8 @@ class Transfers:
     jitter_seconds: np.ndarray
     return_latency_seconds: np.ndarray  # the route back, receiver to sender
 
-    def hops(self, parameters: ExchangeParameters) -> Hops:
-        """The messages' times with the slow start and overhead of `parameters`."""
+    def hops(self) -> Hops:
+        """The messages' times: SimGrid's, its route latency split off."""
         latency = np.minimum(self.route_latency_seconds, self.simulated_seconds)
         return Hops(
             self.phase,
@@ -324,7 +337,6 @@ class Transfers:
             latency_seconds=latency,
             jitter_seconds=self.jitter_seconds,
             notify_seconds=self.return_latency_seconds,
-            slow_start_round_seconds=parameters.slow_start_round_seconds(latency),
         )
 
 
@@ -368,9 +380,9 @@ def simulate_transfers(plans: Sequence[NetworkPlan], tcp: TcpModel) -> list[dict
 def simulate_plans(
     plans: Sequence[NetworkPlan], parameters: ExchangeParameters
 ) -> list[dict[str, Hops]]:
-    """Every plan's messages with their times under `parameters` (SimGrid, then overheads)."""
+    """Every plan's messages with SimGrid's times at the bandwidth factor of `parameters`."""
     return [
-        {name: transfers.hops(parameters) for name, transfers in phases.items()}
+        {name: transfers.hops() for name, transfers in phases.items()}
         for phases in simulate_transfers(plans, parameters.tcp)
     ]
 

@@ -77,12 +77,11 @@ def _verdict(met: bool) -> str:
 def calibration_summary(document: Mapping[str, Any]) -> str:
     """One sentence: what the committed calibration was fitted on and how far off it is."""
     parameters = document["parameters"]
-    latency = "fitted" if parameters["latency_fitted"] else "not fitted (no fit run had latency)"
     return (
         f"held-out median |error| on step time {document['held_out_median_abs_error']:.1%} "
         f"(target <= {MAX_MEDIAN_ERROR:.0%}: {_verdict(document['error_target_met'])}), "
-        f"rankings preserved: {_verdict(document['rankings_preserved'])}; slow-start latency "
-        f"factor {parameters['latency_factor']:g}, {latency}"
+        f"rankings preserved: {_verdict(document['rankings_preserved'])}; bandwidth factor "
+        f"{parameters['bandwidth_factor']:g}, fitted; TCP's pacing (BBR) not fitted"
     )
 
 
@@ -118,7 +117,6 @@ def calibration_markdown(calibration: Calibration, command: str) -> str:
         | {"discordant": "; ".join(ranking["discordant"]) or "-"}
         for ranking in calibration.rankings
     ]
-    latency = "fitted" if parameters.latency_fitted else "LV08 default: no fit run had latency"
     return (
         "# Simulator calibration\n\n"
         f"Made with `{command}`. Fitted on {', '.join(parameters.fitted_on)}; every other run "
@@ -127,13 +125,11 @@ def calibration_markdown(calibration: Calibration, command: str) -> str:
         "| parameter | value |\n|---|---|\n"
         f"| SimGrid bandwidth factor (TCP payload efficiency on the shaped rate) | "
         f"{parameters.bandwidth_factor:g} |\n"
-        f"| slow-start latency factor (per round trip of a cold connection's first flight) | "
-        f"{parameters.latency_factor:g} ({latency}) |\n"
+        "| TCP's pacing on delayed links (BBR, `exchange.paced_seconds`) | measured, not "
+        "fitted |\n"
         f"| CPU seconds per Gloo message | {parameters.message_cpu_seconds:g} |\n"
         f"| CPU seconds of Horovod's background loop per cycle | "
         f"{parameters.cycle_cpu_seconds:g} |\n"
-        f"| extra seconds per slow-start round trip | "
-        f"{parameters.bulk_message_seconds:g} |\n"
         f"| coordination bytes per device per cycle (measured) | "
         f"{parameters.coordination_bytes_per_cycle:g} |\n\n"
         f"Median |error| of step time: fit {calibration.fit_median_error:.1%}, held out "

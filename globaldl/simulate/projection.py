@@ -227,7 +227,7 @@ def project(
                 spec.mode,
                 workload,
                 exchange_parameters,
-                {phase: value.hops(exchange_parameters) for phase, value in phases.items()},
+                {phase: value.hops() for phase, value in phases.items()},
                 max_steps=request.steps,
             )
             rows.append(_row(request, devices, name, spec, profile, payload, cycle, estimate))

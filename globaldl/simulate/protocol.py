@@ -11,8 +11,8 @@ each device's CFS quota. Every pair of ranks talks over one connection, as Gloo'
 connection actor pushes each message's bytes through SimGrid (the platform's rates and shared
 links) after the previous message's and once the receiver's "ready to receive" has come back
 over the return route (Gloo's rendezvous), and the message then arrives after its route's
-latency and jitter; a collective's first flight on each connection (cold since the last
-exchange) first waits out its slow start, holding the connection. Covers flat rings (allreduce
+latency and jitter; its bytes take at least BBR's pacing time (`exchange.paced_seconds`), the
+connection held meanwhile. Covers flat rings (allreduce
 and allgather), local steps and overlap; the hierarchical exchange is composed of the same
 rings, and summed rounds (one collective after another in one exchange) are refused.
 """
@@ -32,8 +32,8 @@ from globaldl.simulate.exchange import (
     COORDINATION_MESSAGE_BYTES,
     ExchangeMode,
     ExchangeParameters,
+    paced_seconds,
     ring_messages,
-    slow_start_rounds,
 )
 from globaldl.simulate.platform import Fleet
 from globaldl.simulate.steps import HANDOFF_SECONDS, Workload
@@ -130,9 +130,9 @@ def _simulate(
     latency = route_latency_seconds(platform, senders, neighbour)
     # Rank p receives from rank p+1: its "ready to receive" travels the route p -> p+1.
     notify = route_latency_seconds(platform, senders, (senders + 1) % ranks)
-    cold_start = slow_start_rounds(in_flight * message_bytes) * parameters.slow_start_round_seconds(
-        latency
-    )
+    # BBR paces each ring message over its connection's round trip: there and back.
+    back = route_latency_seconds(platform, neighbour, senders)
+    paced = paced_seconds(float(message_bytes), in_flight, latency + back)
     up_jitter, down_jitter = fleet.jitter_seconds_each_way()
     jitter = up_jitter + down_jitter[neighbour]
     outgoing = [(collections.deque(), simgrid.Semaphore(0)) for _ in range(ranks)]
@@ -164,26 +164,28 @@ def _simulate(
         target = int(neighbour[rank])
         while True:
             queued.acquire()
-            kind, size, value, delay, hold, out = queue.popleft()
+            kind, size, value, delay, least, out = queue.popleft()
             known, ready = readies[kind, target]
             ready.acquire()
-            simgrid.this_actor.sleep_until(max(now(), known.popleft()) + hold)
+            simgrid.this_actor.sleep_until(max(now(), known.popleft()))
+            started = now()
             simgrid.Comm.sendto(hosts[rank], hosts[target], size)
+            simgrid.this_actor.sleep_until(max(now(), started + least))
             out.release()
             arrival = now() + max(delay + rng.uniform(-jitter[rank], jitter[rank]), 0.0)
             inbox, arrived = inboxes[kind, target]
             inbox.append((arrival, value))
             arrived.release()
 
-    def send(kind: str, rank: int, size: int, value: Any, delay: float, hold: float = 0.0) -> Any:
+    def send(kind: str, rank: int, size: int, value: Any, delay: float, least: float = 0.0) -> Any:
         """Hand a message to the rank's connection; returns what `waitSend` waits on.
 
-        `hold`: how long the connection waits for TCP's window before the bytes go.
+        `least`: the fewest seconds its bytes take to leave (TCP's pacing).
         """
         spend(rank, message_cpu[rank])
         queue, queued = outgoing[rank]
         out = simgrid.Semaphore(0)
-        queue.append((kind, size, value, delay, hold, out))
+        queue.append((kind, size, value, delay, least, out))
         queued.release()
         return out
 
@@ -231,8 +233,8 @@ def _simulate(
                 going.popleft().acquire()
             if hop < hops:
                 post("ring", rank)
-                hold = float(cold_start[rank]) if hop == 0 else 0.0
-                going.append(send("ring", rank, message_bytes, None, float(latency[rank]), hold))
+                least = float(paced[rank])
+                going.append(send("ring", rank, message_bytes, None, float(latency[rank]), least))
 
     ready_times: list[list[float]] = [[] for _ in range(ranks)]
     collective_done = [simgrid.Semaphore(0) for _ in range(ranks)]

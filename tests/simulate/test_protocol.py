@@ -21,9 +21,7 @@ from globaldl.simulate.platform import Device, Fleet, default_profiles
 from globaldl.simulate.protocol import simulate_protocol
 from globaldl.simulate.steps import Workload, simulate_steps
 
-PARAMETERS = ExchangeParameters(
-    message_cpu_seconds=0.0002, cycle_cpu_seconds=0.00005, bulk_message_seconds=0.004
-)
+PARAMETERS = ExchangeParameters(message_cpu_seconds=0.0002, cycle_cpu_seconds=0.00005)
 
 
 def _both(profile, ranks, mode, payload_bytes, compute_seconds, cores, rounds=8):

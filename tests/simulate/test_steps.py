@@ -16,13 +16,14 @@ from globaldl.simulate.collectives import (
     ring_finish,
 )
 from globaldl.simulate.exchange import (
-    INITIAL_WINDOW_BYTES,
+    BBR_STARTUP_GAIN,
+    SEGMENT_BYTES,
     ExchangeMode,
     ExchangeParameters,
     Hops,
     allreduce_segments,
+    paced_seconds,
     plan_network,
-    slow_start_rounds,
 )
 from globaldl.simulate.platform import Device, Fleet, Site, link_directions, uniform_fleet
 from globaldl.simulate.steps import Workload, simulate_steps
@@ -189,37 +190,53 @@ def test_one_long_latency_is_paid_on_every_hop():
     assert finish.max() == pytest.approx(6 * 0.5)
 
 
-def test_slow_start_takes_a_round_trip_more_each_time_the_window_doubles():
-    window = INITIAL_WINDOW_BYTES
-    sizes = [0, window, window + 1, 3 * window, 3 * window + 1, 7 * window, 7 * window + 1]
-    np.testing.assert_array_equal(slow_start_rounds(np.array(sizes)), [0, 0, 1, 1, 2, 2, 3])
+def test_bbr_paces_an_application_limited_flight_over_half_a_round_trip():
+    # p = (g - 1) F / RTT: a whole flight of F bytes (less its first packet train) takes
+    # RTT / (g - 1) whatever its size; a message of the flight its share. The train is one
+    # segment below 1.2 Mbit/s of pacing (30 kB at 1.2 s: 0.38 Mbit/s), two above (300 kB:
+    # 3.8 Mbit/s); a message within it leaves at once.
+    round_trip = 1.2
+    whole = paced_seconds(np.array([30_000.0, 300_000.0]), 1, round_trip)
+    trains = np.array([1, 2]) * SEGMENT_BYTES
+    sizes = np.array([30_000.0, 300_000.0])
+    np.testing.assert_allclose(
+        whole, (sizes - trains) / sizes * round_trip / (BBR_STARTUP_GAIN - 1)
+    )
+    assert whole[1] == pytest.approx(0.63, abs=0.01)  # about half a round trip
+    np.testing.assert_allclose(paced_seconds(30_000.0, 2, round_trip), whole[0] / 2)
+    np.testing.assert_allclose(paced_seconds(np.array([0.0, 8.0, 1448.0]), 1, round_trip), 0.0)
+    # A small flight paces at BBR's first rate at least, g x 10 segments per round trip: on a
+    # 1.2 s round trip 0.28 Mbit/s (what the fleet's coordination-only connections paced at),
+    # on LTE's 0.14 s 2.4 Mbit/s, where a train is two segments.
+    first_rate = BBR_STARTUP_GAIN * 10 * SEGMENT_BYTES
+    assert first_rate * 8 / 1.2 == pytest.approx(0.278e6, rel=0.01)
+    np.testing.assert_allclose(
+        paced_seconds(5_000.0, 1, 0.14), (5_000 - 2 * SEGMENT_BYTES) / (first_rate / 0.14)
+    )
+    # No round trip (a rates-only link): nothing to pace against.
+    assert paced_seconds(30_000.0, 1, 0.0) == 0.0
     with pytest.raises(ValueError, match="message sizes must be >= 0 bytes, got \\[-1.\\]"):
-        slow_start_rounds(np.array([-1.0]))
+        paced_seconds(np.array([-1.0]), 1, round_trip)
+    with pytest.raises(ValueError, match="flight_messages must be an integer >= 1, got 0"):
+        paced_seconds(1000.0, 0, round_trip)
 
 
-def test_a_cold_connection_pays_slow_start_once_per_collective_not_per_hop():
-    # The first flight waits 0.3 s for TCP's window, and everything behind it on that
-    # connection waits with it; the window then stays open for the collective's other hops.
-    warm = _ring(4)
-    cold = replace(warm, incoming_cold_start_seconds=np.full(4, 0.3))
-    warm_finish, _ = ring_finish(np.zeros(4), warm, np.zeros(4), RNG)
-    cold_finish, _ = ring_finish(np.zeros(4), cold, np.zeros(4), RNG)
-    np.testing.assert_allclose(cold_finish - warm_finish, 0.3)
-
-
-def test_a_rings_first_flight_is_both_segments_the_allreduce_keeps_in_flight():
-    # 8 kB messages fit the initial window alone but not two at once: the allreduce's first
-    # flight (two segments) pays one round trip, the allgather's (one message) none.
+def test_a_message_takes_the_links_time_or_bbrs_pacing_whichever_is_longer():
+    # 30 kB messages two at a time: at a 1.2 s round trip the pacing (0.30 s each) is slower
+    # than the link (0.05 s); at 0.14 s (LTE) the link is the slower.
     order = [0, 1, 2, 3]
-    phase = Phase.of(order, order[-1:] + order[:-1], [8_000] * 4)
-    hops = Hops(phase, np.zeros(4), np.full(4, 0.05), np.zeros(4), np.zeros(4), np.full(4, 0.2))
+    phase = Phase.of(order, order[-1:] + order[:-1], [30_000] * 4)
     upstream = np.roll(np.arange(4), -1)
-    summed = RingStage.of(4, hops, upstream, np.full(4, 12), in_flight=2)
-    gathered = RingStage.of(4, hops, upstream, np.full(4, 3), in_flight=1)
-    np.testing.assert_allclose(summed.incoming_cold_start_seconds, 0.2)
-    np.testing.assert_allclose(gathered.incoming_cold_start_seconds, 0.0)
-    # A lone 8 kB message on a cold connection (a broadcast's, a chain's) fits the window too.
-    np.testing.assert_allclose(hops.seconds, 0.05)
+    for one_way, expected in ((0.6, paced_seconds(30_000.0, 2, 1.2)), (0.07, 0.05)):
+        latency = np.full(4, one_way)
+        hops = Hops(phase, np.full(4, 0.05), latency, np.zeros(4), latency)
+        stage = RingStage.of(4, hops, upstream, np.full(4, 12), in_flight=2)
+        np.testing.assert_allclose(stage.incoming_transfer_seconds, expected)
+    assert paced_seconds(30_000.0, 2, 1.2) == pytest.approx(0.30, abs=0.01)
+    # A lone coordination word fits the first burst: its time is the link's and its latency.
+    word = Hops(Phase.of([1], [0], [8]), np.full(1, 0.001), np.full(1, 0.6), np.zeros(1),
+                np.full(1, 0.6))  # fmt: skip
+    np.testing.assert_allclose(word.seconds, 0.601)
 
 
 def test_a_neighbour_running_ahead_queues_its_bytes_behind_its_last_message():
