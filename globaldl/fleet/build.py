@@ -81,6 +81,8 @@ def create_fleet(
             link, state, emulate=emulate, work_dir=links_dir, groups=list(emulation_groups.values())
         )
 
+    if plan.congestion_control is not None:
+        _allow_congestion_control(state, plan.congestion_control)
     for site in plan.sites:
         log(f"creating site {site.name} ({site.bridge}, wan {site.wan.name})")
         state.sites.append(_create_site(state, plan, site, build))
@@ -154,6 +156,42 @@ def _set_neighbours(netns: str | None, interface: str, entries: dict[str, str]) 
     run(["ip", *(["-n", netns] if netns else []), "-batch", "-"], input_text=batch)
 
 
+ALLOWED_CONGESTION_CONTROL = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+CONGESTION_CONTROL_SETTING = "net.ipv4.tcp_congestion_control"
+
+
+def _allow_congestion_control(state: FleetState, name: str) -> None:
+    """Let the devices' namespaces take `name` as their TCP congestion control.
+
+    The kernel lets a namespace other than the host's choose only an allowed one. Journaled:
+    `fleet down` restores the list.
+    """
+    allowed = ALLOWED_CONGESTION_CONTROL.read_text().split()
+    if name in allowed:
+        return
+    previous = " ".join(allowed)
+    state.record("sysctl", path=str(ALLOWED_CONGESTION_CONTROL), previous=previous)
+    ALLOWED_CONGESTION_CONTROL.write_text(" ".join([*allowed, name]) + "\n")
+
+
+def running_congestion_control(netns: str) -> str:
+    """The TCP congestion control new connections in namespace `netns` get."""
+    return run(
+        ["ip", "netns", "exec", netns, "sysctl", "-n", CONGESTION_CONTROL_SETTING]
+    ).stdout.strip()
+
+
+def _set_congestion_control(netns: str, name: str | None) -> str:
+    """Give the namespace's TCP `name` (None: keep the host's default); return what it runs."""
+    if name is not None:
+        assignment = f"{CONGESTION_CONTROL_SETTING}={name}"
+        run(["ip", "netns", "exec", netns, "sysctl", "-q", "-w", assignment])
+    running = running_congestion_control(netns)
+    if name is not None and running != name:
+        raise FleetError(f"{netns} runs TCP congestion control {running!r}, not {name!r}")
+    return running
+
+
 def _create_device(
     state: FleetState,
     plan: FleetPlan,
@@ -169,6 +207,7 @@ def _create_device(
         raise FleetError(f"network namespace {netns} already exists; choose another --prefix")
     _create_recorded(state, "netns", netns, ["ip", "netns", "add", netns])
     run(["ip", "-n", netns, "link", "set", "lo", "up"])
+    congestion_control = _set_congestion_control(netns, plan.congestion_control)
     link_kind = build_link(device_link(plan, spec))
     run(
         [
@@ -235,6 +274,7 @@ def _create_device(
         host_key_public=host_key_public,
         site=spec.site,
         link=link_kind,
+        congestion_control=congestion_control,
     )
     start_sshd(Path(state.state_dir), device)
     return device

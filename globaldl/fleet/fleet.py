@@ -17,6 +17,7 @@ from globaldl.fleet.build import (
     device_authorized_keys,
     host_round_trip_ms,
     install_neighbours,
+    running_congestion_control,
     start_sshd,
 )
 from globaldl.fleet.errors import FleetError
@@ -290,6 +291,11 @@ class Fleet:
                 entry["uplink_qdiscs"] = read_qdiscs(DEVICE_INTERFACE, device.name)
                 entry["downlink_qdiscs"] = read_qdiscs(device.host_interface)
                 entry["counters"] = read_interface_counters(device.name)
+            entry["congestion_control"] = (
+                running_congestion_control(device.name)
+                if namespace_exists
+                else device.congestion_control
+            )
             devices.append(entry)
         sites = []
         for site in state.sites:

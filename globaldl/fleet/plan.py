@@ -6,6 +6,7 @@ import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from globaldl.fleet.cgroups import CPU_PERIOD_MICROSECONDS, MIN_CPU_QUOTA_MICROSECONDS
@@ -62,6 +63,9 @@ class FleetPlan:
     host_address: str
     devices: tuple[DeviceSpec, ...]
     sites: tuple[SiteSpec, ...] = ()
+    # Every device's TCP congestion control (`net.ipv4.tcp_congestion_control` in its
+    # namespace); None: the host's default, which new namespaces take.
+    congestion_control: str | None = None
 
     def bridge_of(self, device: DeviceSpec) -> str:
         """The bridge a device's link ends on: its site's LAN, or the core."""
@@ -98,6 +102,8 @@ def plan_fleet(
     available_cores: float | None = None,
     available_memory_bytes: int | None = None,
     sites: Sequence[SiteLayout] | None = None,
+    congestion_control: str | None = None,
+    available_congestion_controls: Sequence[str] | None = None,
 ) -> FleetPlan:
     """Name and address one device per profile and give each a CPU and memory share.
 
@@ -105,8 +111,20 @@ def plan_fleet(
     `cpu_cores_each` gives every device its own share instead (a fleet of fast and slow devices).
     Promising more than the machine has is refused unless `force` is set. With `sites`, the
     devices are given to the sites in order (`profiles` is then every device's LAN profile,
-    see `site_device_profiles`).
+    see `site_device_profiles`). `congestion_control` must be one the kernel offers
+    (`available_congestion_controls`, default: read from the kernel).
     """
+    if congestion_control is not None:
+        offered = (
+            list(available_congestion_controls)
+            if available_congestion_controls is not None
+            else kernel_congestion_controls()
+        )
+        if congestion_control not in offered:
+            raise ValueError(
+                f"--congestion-control {congestion_control!r} is not offered by this kernel; "
+                f"available: {', '.join(offered) or 'none listed'}"
+            )
     count = len(profiles)
     if count < 1:
         raise ValueError(f"a fleet needs at least 1 device, got {count}")
@@ -200,7 +218,18 @@ def plan_fleet(
         host_address=str(hosts[0]),
         devices=devices,
         sites=site_specs,
+        congestion_control=congestion_control,
     )
+
+
+def kernel_congestion_controls(
+    listing: Path = Path("/proc/sys/net/ipv4/tcp_available_congestion_control"),
+) -> list[str]:
+    """The TCP congestion controls this kernel offers (built in or loaded), or [] if unknown."""
+    try:
+        return listing.read_text().split()
+    except OSError:
+        return []
 
 
 def plan_from_options(
@@ -219,7 +248,7 @@ def plan_from_options(
     """The plan `fleet up` options describe: devices on one bridge, or devices in sites.
 
     `limits` are plan_fleet's keyword arguments (prefix, subnet, cpu_cores, memory_mb, force,
-    cpu_cores_each).
+    cpu_cores_each, congestion_control).
     """
     if sites is None:
         if lan is not None or wan is not None:

@@ -24,6 +24,7 @@ RESOURCE_KINDS = (
     "known_hosts",
     "process",
     "file",
+    "sysctl",
 )
 LINK_KINDS = ("veth", "vde")
 
@@ -46,6 +47,8 @@ class DeviceState:
     sshd_start_ticks: int | None = None
     site: str | None = None
     link: str = "veth"  # "vde" when user-space emulation adds delay, jitter or loss
+    # Its TCP congestion control, read back from its namespace ("" in older state files).
+    congestion_control: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

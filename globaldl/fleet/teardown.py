@@ -111,6 +111,8 @@ def _undo(resource: dict[str, Any], state: FleetState) -> None:
         _remove_directory(Path(resource["path"]), resource["remove"])
     elif kind == "file":
         Path(resource["path"]).unlink(missing_ok=True)
+    elif kind == "sysctl":
+        Path(resource["path"]).write_text(resource["previous"] + "\n")
     elif kind == "known_hosts":
         path = Path(resource["path"])
         sshd.forget_host_keys(path, [device.host_key_public for device in state.devices])

@@ -75,6 +75,12 @@ def test_two_device_shaped_delayed_horovod_run_completes_and_interface_bytes_mat
     assert "fleet run: HOROVOD_GLOO_TIMEOUT_SECONDS=30" in completed.stderr
     links = json.loads(summary.with_name("summary.links.json").read_text())
     assert links["gloo_timeout_seconds"] == 30 and links["emulation_cpu_seconds"] > 0
+    # Each device's TCP congestion control, as its namespace runs it (the host's default here).
+    default = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    assert links["tcp_congestion_control"] == {
+        test_fleet.device(1): default,
+        test_fleet.device(2): default,
+    }
     # Every device's exporter was registered with Prometheus file-SD while the run lasted.
     assert reports[0]["targets"] == [
         f"{test_fleet.address(1)}:19400",

@@ -175,6 +175,10 @@ def test_bad_input_gives_clear_errors_and_creates_nothing(test_fleet, assert_cle
             "needs both --up-mbit and --down-mbit",
         ),
         (("--mix", "lte:x"), "is not an integer"),
+        (
+            ("-n", "1", "--profile", "lan", "--congestion-control", "vegas"),
+            "--congestion-control 'vegas' is not offered by this kernel; available:",
+        ),
     ]
     for args, message in cases:
         completed = test_fleet.cli("up", *common, *args)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from globaldl.fleet.launcher import ElasticOptions, horovodrun_argv
-from globaldl.fleet.plan import plan_fleet
+from globaldl.fleet.plan import kernel_congestion_controls, plan_fleet
 from globaldl.fleet.profiles import (
     DEFAULT_PROFILES_PATH,
     LinkProfile,
@@ -194,6 +194,36 @@ def test_each_device_can_have_its_own_cpu_share(profiles):
         plan_fleet([profiles["lte"]] * 4, cpu_cores_each=[0.8, 0.8, 0.2], available_cores=2)
     with pytest.raises(ValueError, match="not both"):
         plan_fleet([profiles["lte"]] * 2, cpu_cores=0.5, cpu_cores_each=[0.5, 0.5])
+
+
+def test_a_congestion_control_must_be_one_the_kernel_offers(profiles, tmp_path: Path):
+    offered = ["reno", "bbr", "cubic"]
+    plan = plan_fleet(
+        [profiles["lte"]],
+        congestion_control="cubic",
+        available_congestion_controls=offered,
+        available_cores=2,
+        available_memory_bytes=GIB,
+    )
+    assert plan.congestion_control == "cubic"
+    default = plan_fleet([profiles["lte"]], available_cores=2, available_memory_bytes=GIB)
+    assert default.congestion_control is None  # the namespaces keep the host's default
+    with pytest.raises(
+        ValueError,
+        match=r"--congestion-control 'vegas' is not offered by this kernel; "
+        r"available: reno, bbr, cubic",
+    ):
+        plan_fleet(
+            [profiles["lte"]],
+            congestion_control="vegas",
+            available_congestion_controls=offered,
+            available_cores=2,
+            available_memory_bytes=GIB,
+        )
+    listing = tmp_path / "tcp_available_congestion_control"
+    listing.write_text("reno cubic\n")
+    assert kernel_congestion_controls(listing) == ["reno", "cubic"]
+    assert kernel_congestion_controls(tmp_path / "missing") == []
 
 
 def test_memory_total_above_the_machine_is_refused(profiles):

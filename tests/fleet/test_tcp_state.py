@@ -165,7 +165,14 @@ def test_sampler_sees_a_real_loopback_transfer_with_its_congestion_control():
 
 @needs_fleet_system
 def test_fleet_tcp_reports_a_shaped_transfer_between_two_devices(test_fleet, tmp_path: Path):
-    test_fleet.up("-n", "2", "--profile", "custom:5:20", "--latency", "off")
+    # CUBIC, as real devices mostly run, whatever the host's default (BBR here). A namespace may
+    # only take an allowed one: the fleet allows it while it is up and restores the list after.
+    allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+    allowed_before = allowed.read_text()
+    up = test_fleet.up(
+        "-n", "2", "--profile", "custom:5:20", "--latency", "off", "--congestion-control", "cubic"
+    )  # fmt: skip
+    assert up.stdout.count("TCP cubic") == 2
     sender, receiver = test_fleet.device(1), test_fleet.device(2)
     transfer = subprocess.Popen(
         test_fleet.cli_argv(
@@ -193,12 +200,15 @@ def test_fleet_tcp_reports_a_shaped_transfer_between_two_devices(test_fleet, tmp
         ["ip", "netns", "exec", sender, "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    assert row["congestion_control"] == expected
+    assert row["congestion_control"] == expected == "cubic"
+    status = json.loads(test_fleet.cli("status", "--json").stdout)
+    assert [device["congestion_control"] for device in status["devices"]] == ["cubic", "cubic"]
     assert row["uplink_mbit"] == 5.0
     # The uplink shapes it: bytes leave at about 5 Mbit/s while the connection sends.
     assert 3.0 <= row["flight_mbit_per_second"] <= 6.5, row
     assert row["bytes_sent"] > 1.0 * 5e6 / 8 * 0.5
     assert "| device | peer |" in completed.stdout
+    assert "cubic" in allowed.read_text().split()
     # Every device was sampled over the whole window, not only the one read first.
     with (tmp_path / "samples.csv").open() as handle:
         times: dict[str, list[float]] = {}
@@ -208,3 +218,5 @@ def test_fleet_tcp_reports_a_shaped_transfer_between_two_devices(test_fleet, tmp
     for device, seen in times.items():
         assert max(seen) - min(seen) >= 1.0, (device, len(seen))
     print(f"\n{completed.stdout}\n{transfer_output}")
+    assert test_fleet.cli("down").returncode == 0
+    assert allowed.read_text() == allowed_before

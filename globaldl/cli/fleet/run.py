@@ -149,7 +149,12 @@ def run(
         )
         emulation_after = emulation_cpu_seconds(state)
         links_path = _write_links_record(
-            request.summary_path, link, result.seconds, emulation_before, emulation_after
+            request.summary_path,
+            link,
+            result.seconds,
+            emulation_before,
+            emulation_after,
+            {device.name: device.congestion_control for device in state.devices},
         )
     typer.echo(
         f"fleet run {result.run_id}: {len(result.hosts)} devices, exit {result.returncode}, "
@@ -251,8 +256,13 @@ def _write_links_record(
     seconds: float,
     emulation_before: float | None,
     emulation_after: float | None,
+    congestion_controls: dict[str, str],
 ) -> Path | None:
-    """`<summary>.links.json`: the Horovod link settings and the emulation's CPU over the run."""
+    """`<summary>.links.json`: Horovod's link settings, emulation CPU, each device's TCP.
+
+    The emulation's CPU is over the run; each device's TCP congestion control is "" where the
+    fleet predates its record.
+    """
     if summary_path is None:
         return None
     from dataclasses import asdict
@@ -270,6 +280,7 @@ def _write_links_record(
         "run_seconds": seconds,
         "emulation_cpu_seconds": cpu,
         "emulation_cpu_cores_mean": cpu / seconds if cpu is not None and seconds > 0 else None,
+        "tcp_congestion_control": congestion_controls,
         "written_at_unix": time.time(),
     }
     write_json_atomically(path, record)

@@ -66,7 +66,8 @@ def _device_line(device: dict[str, Any]) -> str:
         f"({link_text(device['profile'])}, {device['link']})  cpu "
         f"{cores if cores is not None else 'unlimited'} cores (throttled "
         f"{limits.get('cpu_throttled_seconds', 0):.1f} s)  memory "
-        f"{memory_mb['memory_usage_bytes']}/{memory_mb['memory_limit_bytes']} MB"
+        f"{memory_mb['memory_usage_bytes']}/{memory_mb['memory_limit_bytes']} MB  TCP "
+        f"{device.get('congestion_control') or 'not recorded'}"
     )
 
 

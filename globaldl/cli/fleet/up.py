@@ -89,6 +89,13 @@ def up(
             "else rates only with a warning), require (fail without), off (rates only)."
         ),
     ] = "auto",
+    congestion_control: Annotated[
+        str | None,
+        typer.Option(
+            help="TCP congestion control in every device (bbr, cubic, reno: what the kernel "
+            "offers) [default: the host's]. Real devices mostly run cubic."
+        ),
+    ] = None,
     prefix: Annotated[
         str, typer.Option(help="Name prefix of devices (PREFIX-1, ...), bridges and cgroups.")
     ] = DEFAULT_PREFIX,
@@ -118,6 +125,7 @@ def up(
             memory_mb=memory,
             force=force,
             cpu_cores_each=_cores_list(cpu_each) if cpu_each is not None else None,
+            congestion_control=congestion_control,
         )
         # A `kill` during up must still roll back.
         signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
@@ -141,7 +149,8 @@ def up(
         typer.echo(
             f"  {device.name:<10} {device.address:<15} {device.profile.name:<14} "
             f"{link_text(device.profile.get_config())} ({device.link}), "
-            f"{device.cpu_cores:g} cores, {device.memory_bytes // 2**20} MB"
+            f"{device.cpu_cores:g} cores, {device.memory_bytes // 2**20} MB, TCP "
+            f"{device.congestion_control}"
         )
     if state.site_map_path is not None:
         typer.echo(f"site map: {state.site_map_path}")
