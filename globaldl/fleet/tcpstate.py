@@ -146,6 +146,10 @@ class Sample:
     connections: tuple[Connection, ...]
 
 
+# One connection at one moment: (time, its state).
+_Point = tuple[float, Connection]
+
+
 def sample_fleet(state: FleetState, seconds: float, interval_ms: float) -> list[Sample]:
     """Sample every live device's connections at once, each in its own namespace."""
     check_sampling(seconds, interval_ms)
@@ -197,7 +201,7 @@ def summarize(
     if not min_bytes >= 0:
         raise ValueError(f"min_bytes must be >= 0, got {min_bytes!r}")
     names = {address: name for name, address in device_addresses.items()}
-    series: dict[tuple[str, str, int, int], list[tuple[float, Connection]]] = {}
+    series: dict[tuple[str, str, int, int], list[_Point]] = {}
     for sample in samples:
         for connection in sample.connections:
             if SSH_PORT in (connection.local_port, connection.peer_port):
@@ -212,15 +216,12 @@ def summarize(
         sent = points[-1][1].bytes_sent - points[0][1].bytes_sent
         if len(points) < 2 or sent < min_bytes:
             continue
-        flights = _flights(points)
+        sends = _sends(points)
+        flights = _flights(sends)
         flight_bytes = sum(bytes_sent for bytes_sent, _ in flights)
         flight_seconds = sum(seconds for _, seconds in flights)
         connections = [connection for _, connection in points]
-        sending = [
-            new
-            for (_, old), (_, new) in zip(points[:-1], points[1:], strict=True)
-            if new.bytes_sent > old.bytes_sent
-        ]
+        sending = [new for _, (_, new) in sends]
         windows = [connection.cwnd for connection in connections]
         bbr = [c.bbr_bandwidth_bits_per_second for c in sending]
         pacing = [c.pacing_bits_per_second for c in sending]
@@ -253,14 +254,21 @@ def summarize(
     return rows
 
 
-def _flights(points: Sequence[tuple[float, Connection]]) -> list[tuple[int, float]]:
-    """(bytes, seconds) of each flight in a connection's samples (see `summarize`)."""
+def _sends(points: Sequence[_Point]) -> list[tuple[_Point, _Point]]:
+    """The pairs of consecutive samples between which the connection sent bytes."""
+    return [
+        (before, after)
+        for before, after in zip(points[:-1], points[1:], strict=True)
+        if after[1].bytes_sent > before[1].bytes_sent
+    ]
+
+
+def _flights(sends: Sequence[tuple[_Point, _Point]]) -> list[tuple[int, float]]:
+    """(bytes, seconds) of each flight in a connection's sends (see `summarize`)."""
     flights: list[tuple[int, float]] = []
     begun = last = None
     flight_bytes = 0
-    for (before, old), (after, new) in zip(points[:-1], points[1:], strict=True):
-        if new.bytes_sent <= old.bytes_sent:
-            continue
+    for (before, old), (after, new) in sends:
         if last is not None and after - last > FLIGHT_PAUSE_SECONDS:
             flights.append((flight_bytes, last - begun))
             begun, flight_bytes = None, 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Annotated
@@ -12,6 +11,7 @@ import typer
 from globaldl.bench.results import markdown_table
 from globaldl.cli.errors import user_errors
 from globaldl.cli.fleet._common import StateDir, app, echo_err
+from globaldl.experiments.outputs import write_csv
 from globaldl.files import write_json_atomically
 from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.state import DEFAULT_STATE_DIR
@@ -61,9 +61,9 @@ def tcp(
 
     Per connection between two devices: its congestion control, its flights (bursts of
     sending) and the rate at which their bytes left, the pacing rate and BBR's bandwidth
-    estimate while it sent, the window and how often it
-    sat at the initial window (10 segments) or below, and the longest pause. A restart after a
-    pause shows there, and so does BBR's ProbeRTT (4 segments for 0.2 s every 10 s).
+    estimate while it sent, the window and how often it sat at the initial window (10
+    segments) or below, and the longest pause. A restart after a pause shows there, and so
+    does BBR's ProbeRTT (4 segments for 0.2 s every 10 s).
     """
     with user_errors():
         state = Fleet(state_dir).require_state()
@@ -86,15 +86,11 @@ def tcp(
 
 
 def _write_samples(path: Path, samples: list[Sample]) -> None:
-    """Every sample's connections, one row each (written whole, then moved into place)."""
+    """Every sample's connections, one row each."""
     columns = ["device", "time", *(field.name for field in fields(Connection))]
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        for sample in samples:
-            for connection in sample.connections:
-                writer.writerow(
-                    {"device": sample.device, "time": sample.time, **asdict(connection)}
-                )
-    partial.replace(path)
+    rows = [
+        {"device": sample.device, "time": sample.time, **asdict(connection)}
+        for sample in samples
+        for connection in sample.connections
+    ]
+    write_csv(path, rows, columns)
