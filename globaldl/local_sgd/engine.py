@@ -35,7 +35,7 @@ delta was non-finite restarts from the anchor with its non-finite optimizer slot
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -66,6 +66,11 @@ class RoundTotals:
     # meet their tensors for the first time (Horovod's full negotiation), like a run's first
     # step, so a reader of the steady round leaves it out.
     first_round_sync_seconds: float | None = None
+    # Each round's own seconds, in order: the local steps' wall (from the round's start to its
+    # end) and the loop's time at its end. Their spread is what a mean hides: whether a round
+    # ends just before or just after one of Horovod's coordination cycles begins.
+    round_local_seconds: list[float] = field(default_factory=list)
+    round_sync_seconds: list[float] = field(default_factory=list)
 
 
 class RoundEngine:
@@ -164,6 +169,7 @@ class RoundEngine:
 
     def end_round(self, observer: TrainingObserver, totals: RunTotals) -> None:
         """Exchange this round's delta (or submit it, with overlap) and start the next round."""
+        local_seconds = time.perf_counter() - self.round_started
         contribution = self._contribution()
         index = self.ledger.submit()
         if not self.overlap:
@@ -188,6 +194,8 @@ class RoundEngine:
             self.pending = PendingRound(index, future)
             seconds = {"exchange": waited, "apply": float(turn.seconds)}
         self._report(observer, totals, seconds, result)
+        self.totals.round_local_seconds.append(local_seconds)
+        self.totals.round_sync_seconds.append(sum(seconds.values()))
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.round_started = time.perf_counter()
@@ -295,6 +303,8 @@ class RoundEngine:
             "sync_seconds": self.totals.sync_seconds,
             "first_round_sync_seconds": self.totals.first_round_sync_seconds,
             "background_exchange_seconds": self.totals.background_seconds,
+            "round_local_seconds": [round(value, 6) for value in self.totals.round_local_seconds],
+            "round_sync_seconds": [round(value, 6) for value in self.totals.round_sync_seconds],
         }
 
 

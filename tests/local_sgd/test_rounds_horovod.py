@@ -54,6 +54,13 @@ def test_rounds_end_with_identical_weights_on_every_rank(runs: dict[str, Any]) -
     assert rounds["background_exchange_seconds"] > 0
     # The round end that took round 0's result is one of the five the loop's sync time adds up.
     assert 0 < rounds["first_round_sync_seconds"] < rounds["sync_seconds"]
+    # Each round's own seconds: one pair per round, adding up to the loop's sync time (the
+    # drain at the end adds its wait to the total only).
+    assert len(rounds["round_local_seconds"]) == len(rounds["round_sync_seconds"]) == 5
+    assert min(rounds["round_local_seconds"]) > 0
+    assert sum(rounds["round_sync_seconds"]) <= rounds["sync_seconds"] + 1e-6
+    # With overlap the round end that took round 0's result is the second.
+    assert rounds["round_sync_seconds"][1] == pytest.approx(rounds["first_round_sync_seconds"])
 
 
 def test_a_run_resumed_mid_round_ends_as_the_uninterrupted_one(runs: dict[str, Any]) -> None:
