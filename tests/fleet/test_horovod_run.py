@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from fleet_support import leftovers, needs_fleet_system
 
+from globaldl.fleet.timeline import read_events, waits
+
 pytestmark = [needs_fleet_system, pytest.mark.horovod]
 
 BIN = Path(sys.executable).parent
@@ -222,6 +224,13 @@ def test_fleet_train_run_interface_bytes_agree_with_summary(test_fleet, tmp_path
     assert accounting["tx_bytes_per_wire_byte"] == 1  # a ring allreduce on 2 ranks
     cycles = accounting["coordination_cycles"]
     assert cycles is not None and cycles > 0
+    # The same timeline read as exchanges: the 10 steps' gradient allreduces, each after at
+    # least one cycle of the loop, every cycle one of those the accounting counted.
+    found = waits(read_events(tmp_path / "timeline.json"))
+    steps = [wait for wait in found if wait.as_row()["kinds"] == "ALLREDUCE"]
+    assert len(steps) >= 9
+    assert all(wait.cycles >= 1 and wait.seconds > 0 for wait in steps)
+    assert sum(wait.cycles for wait in found) <= cycles
     for device in accounting["devices"]:
         # Exact: headers from packet counts; the gradients, the broadcast, the validation sums
         # and digest gathers through Gloo's algorithms; log lines; retransmissions estimated.
