@@ -89,6 +89,13 @@ class RunTotals:
     first_step_phase_seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(PHASES, 0.0)
     )
+    # The loop's own wall time a step: from one step's start to the next one's, so that
+    # what no phase times (dispatch, the loop's bookkeeping, a round's end) is in it. Within
+    # epochs only (validation and the next epoch's input pipeline are not steps), and not
+    # the run's first step (it traces the graph).
+    step_wall_seconds: float = 0.0
+    step_wall_steps: int = 0
+    last_step_started: float | None = None
 
 
 def _configure_threads(local_size: int) -> None:
@@ -469,6 +476,11 @@ class Trainer:
         epoch's finite steps. Returns whether every rank skipped the step (nonfinite gradients).
         """
         batch_size = self.batch_size
+        started = time.perf_counter()
+        if totals.last_step_started is not None and totals.steps >= 2:
+            totals.step_wall_seconds += started - totals.last_step_started
+            totals.step_wall_steps += 1
+        totals.last_step_started = started
         cpu_before = time.process_time()
         values = self._train_step(iterator).numpy()
         if totals.steps > 0:  # the first step of the totals traces the graph
@@ -509,6 +521,7 @@ class Trainer:
         `steps` is the number of steps this process ran in the epoch (all of them, or the
         part after an elastic restart), for the throughput.
         """
+        totals.last_step_started = None  # the next epoch's first step starts afresh
         if self.rounds is not None:
             self.rounds.drain(observer, totals)  # validation sees every finished round
         train_seconds = time.perf_counter() - epoch_started
@@ -683,6 +696,8 @@ class Trainer:
             "history": history,
             "wall_seconds": wall_seconds,
             "phase_seconds": totals.phase_seconds,
+            "step_wall_seconds": totals.step_wall_seconds,
+            "step_wall_steps": totals.step_wall_steps,
             "rank_totals": rank_totals,
             "gradient_bytes_raw": totals.gradient_bytes_raw,
             "gradient_bytes_wire": totals.gradient_bytes_wire,

@@ -304,6 +304,7 @@ def evaluate(
                 "machine": item.machine,
                 "per_rank_phases": item.per_rank_phases,
                 "measured_step_seconds": item.step_seconds,
+                "measured_by": item.step_measured_by,
                 "simulated_step_seconds": estimate.step_seconds,
                 "error": float(error),
                 "abs_error": float(abs(error)),

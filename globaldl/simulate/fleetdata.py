@@ -28,6 +28,14 @@ trace its graph and for Horovod's first negotiation (on a delayed link, several 
 the mean over every step. A run with local steps is measured the same way round by round: its
 local steps' mean plus one steady round end per H steps (`steady_step_in_rounds`).
 
+The phases are timed inside the step's graph, so they miss what the training loop does around
+them: the step's dispatch, the loop's bookkeeping, a round's end outside its exchange. On a
+device under a tight CPU quota that is a tenth of the step and more (LeNet in rounds of 16 on
+4 devices at 0.15 cores, 50 ms links: the loop's steady round 3.03 s, its phases 2.67 s).
+Newer summaries record the loop's own wall (`step_wall_seconds`; with local steps, each
+round's `round_local_seconds` and `round_sync_seconds`), and there the observation's step is
+that wall (`loop_step_seconds`, `step_measured_by`); the older runs keep their phases.
+
 The simulator is checked against the fleet as it ran: every device on one machine (its cores,
 less what the link emulation, the launcher and other processes used during the run), and a run
 on sites in its sites (each device on its LAN link, each site behind one shared WAN link).
@@ -107,6 +115,9 @@ class Observation:
     # The machine the run was taken on (`machine_name`: CPU and kernel build, which tells these
     # virtual machines' hosts apart), or "" where none.
     machine: str = ""
+    # What `step_seconds` was read from: the loop's own wall ("loop wall", `loop_step_seconds`)
+    # or, for runs that did not record it, the sum of the timed phases ("phases").
+    step_measured_by: str = "phases"
 
     @property
     def key(self) -> str:
@@ -242,6 +253,46 @@ def steady_step_in_rounds(
     return (total - sync) / steady_steps + per_round / every
 
 
+def loop_step_seconds(summary: dict[str, Any], every: int) -> float | None:
+    """The training loop's steady wall seconds a step, where the summary records them.
+
+    What the phases leave out is in it: the step's dispatch, the loop's bookkeeping between
+    steps and at a round's end (on a device under a CPU quota, a tenth of the round and more).
+    With local steps it is the mean of the steady rounds' own seconds (`round_local_seconds`
+    plus `round_sync_seconds`) over their `every` steps: the first round (the traced first step,
+    Horovod's first negotiation) and every round across an epoch's end (validation, the next
+    epoch's input pipeline) left out. Per step, the loop's wall from each step's start to the
+    next one's (`step_wall_seconds`). None where the summary records neither (older runs).
+    """
+    rounds = summary.get("rounds") or {}
+    local, sync = rounds.get("round_local_seconds"), rounds.get("round_sync_seconds")
+    if every > 1:
+        # Rounds by wall-clock time do not say which of them an epoch's end fell in, nor do
+        # the rounds of a resumed run (its records start at the resumed epoch).
+        by_steps = str(rounds.get("sync_every", "")).isdigit()
+        steps = int(summary.get("steps") or 0)
+        per_epoch = steps // max(int(summary.get("epochs") or 1), 1)
+        if (
+            not by_steps
+            or summary.get("resumed_from_epoch")
+            or per_epoch < 1
+            or not local
+            or not sync
+            or len(local) != len(sync)
+        ):
+            return None
+        # A last round cut short by the run's end has fewer steps: left out too.
+        whole = min(len(local), steps // every)
+        steady = [
+            local[index] + sync[index]
+            for index in range(1, whole)
+            if (index * every) // per_epoch == ((index + 1) * every - 1) // per_epoch
+        ]
+        return float(np.mean(steady)) / every if steady else None
+    steps = int(summary.get("step_wall_steps") or 0)
+    return float(summary["step_wall_seconds"]) / steps if steps > 0 else None
+
+
 def _codec(compression: dict[str, Any]) -> str:
     """A run's codec as its flags name it: `topk0.01+int8`, `powersgd-r2+fp16`, `fp16`."""
     prune = compression.get("prune", "none")
@@ -346,6 +397,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         ]
     else:
         compute = [burst_cpu_seconds(_non_exchange(phases) / steady_steps, shares[0])] * ranks
+    loop_wall = loop_step_seconds(summary, every)
     batch_share = sum(phases.get(name, 0.0) for name in BATCH_PHASES) / max(
         _non_exchange(phases), 1e-12
     )
@@ -364,10 +416,13 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         / int((summary.get("rounds") or {}).get("rounds") or steps),
         compute_cpu_seconds=tuple(compute),
         step_seconds=(
-            steady_step_in_rounds(phases, steady_steps, summary["rounds"], every)
+            loop_wall
+            if loop_wall is not None
+            else steady_step_in_rounds(phases, steady_steps, summary["rounds"], every)
             if every > 1
             else sum(phases.values()) / steady_steps
         ),
+        step_measured_by="phases" if loop_wall is None else "loop wall",
         steps=steps,
         history=tuple(summary.get("history") or ()),
         codec=_codec(compression),

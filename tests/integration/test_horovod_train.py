@@ -58,6 +58,16 @@ def test_two_ranks_train_lenet_on_mnist_to_identical_weights(
         assert first.keys() == entry["phase_seconds"].keys()
         assert 0 < sum(first.values()) < sum(entry["phase_seconds"].values())
         assert all(first[name] <= entry["phase_seconds"][name] for name in first)
+    # The loop's wall a step: each epoch's steps but its first (3 epochs), less the run's first
+    # two (the traced one's cycle is left out); at least what the phases timed of them.
+    steps_per_epoch = result["steps"] // 3
+    assert result["step_wall_steps"] == 3 * (steps_per_epoch - 1) - 1
+    steady = sum(phases.values()) - sum(
+        result["rank_totals"][0]["first_step_phase_seconds"].values()
+    )
+    assert result["step_wall_seconds"] / result["step_wall_steps"] >= 0.9 * steady / (
+        result["steps"] - 1
+    )
     # Uncompressed: every gradient went dense in fp32, plus one fp32 NaN/Inf flag per step.
     assert result["gradient_bytes_wire"] == result["gradient_bytes_raw"] + 4 * result["steps"]
     assert "epoch 3/3" in completed.stdout  # the progress line, from rank 0

@@ -161,6 +161,38 @@ def test_a_run_in_rounds_is_measured_as_its_local_steps_and_one_steady_round_per
     assert observation_from_run("test", _run()).step_seconds == pytest.approx(0.1)
 
 
+def test_the_loop_wall_is_the_step_to_hit_where_the_summary_records_it():
+    # Per step: the loop's wall from step to step, beyond the 100 ms the phases timed.
+    run = _run()
+    run["summary"] |= {"step_wall_seconds": 110.0, "step_wall_steps": 1000}
+    observation = observation_from_run("test", run)
+    assert observation.step_seconds == pytest.approx(0.110)
+    assert observation.step_measured_by == "loop wall"
+    assert observation_from_run("test", _run()).step_measured_by == "phases"
+    # In rounds of 4 over 2 epochs of 10 steps: rounds 0-4 cover steps 0-3, 4-7, 8-11 (the
+    # first epoch's end inside), 12-15, 16-19. Round 0 (first negotiation) and round 2 (the
+    # epoch's end: validation, the next epoch's input) are left out; the rest average 2.0 s.
+    run = _run()
+    run["summary"] |= {"steps": 20, "epochs": 2}
+    run["summary"]["rounds"] = {"sync_every": "4", "overlap": False, "rounds": 5}
+    run["summary"]["rounds"] |= {"sync_seconds": 9.0, "first_round_sync_seconds": 3.0}
+    run["summary"]["rounds"] |= {
+        "round_local_seconds": [5.0, 0.5, 9.0, 0.4, 0.6],
+        "round_sync_seconds": [3.0, 1.5, 1.5, 1.6, 1.4],
+    }
+    observation = observation_from_run("test", run)
+    assert observation.step_seconds == pytest.approx(2.0 / 4)
+    assert observation.step_measured_by == "loop wall"
+    # A sixth, partial round (the run's last 2 steps) is not a steady one.
+    run["summary"]["steps"] = 22
+    run["summary"]["rounds"]["round_local_seconds"].append(0.1)
+    run["summary"]["rounds"]["round_sync_seconds"].append(1.5)
+    assert observation_from_run("test", run).step_seconds == pytest.approx(2.0 / 4)
+    # Rounds by wall-clock time do not say where an epoch ended: the phases, as before.
+    run["summary"]["rounds"]["sync_every"] = "2s"
+    assert observation_from_run("test", run).step_measured_by == "phases"
+
+
 def test_one_host_keeps_one_machine_name_whether_or_not_its_runs_recorded_the_cpu_signature():
     host = {"cpu": "AMD EPYC", "kernel": "6.18.44-fc-v509", "cores": 2}
     older = observation_from_run("test", _run() | {"machine": host})
