@@ -58,9 +58,12 @@ def test_rounds_end_with_identical_weights_on_every_rank(runs: dict[str, Any]) -
     # drain at the end adds its wait to the total only).
     assert len(rounds["round_local_seconds"]) == len(rounds["round_sync_seconds"]) == 5
     assert min(rounds["round_local_seconds"]) > 0
-    assert sum(rounds["round_sync_seconds"]) <= rounds["sync_seconds"] + 1e-6
+    assert sum(rounds["round_sync_seconds"]) <= rounds["sync_seconds"] + 1e-5
     # With overlap the round end that took round 0's result is the second.
-    assert rounds["round_sync_seconds"][1] == pytest.approx(rounds["first_round_sync_seconds"])
+    # (each round's seconds are kept to the microsecond)
+    assert rounds["round_sync_seconds"][1] == pytest.approx(
+        rounds["first_round_sync_seconds"], abs=1e-6
+    )
 
 
 def test_a_run_resumed_mid_round_ends_as_the_uninterrupted_one(runs: dict[str, Any]) -> None:
