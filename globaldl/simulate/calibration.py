@@ -154,6 +154,7 @@ class Case:
                 observation.payload_bytes,
                 observation.cycle_time_seconds,
                 np.array(observation.compute_cpu_seconds),
+                observation.epoch_steps,
             ),
         )
 
@@ -178,7 +179,11 @@ def predict(
             case.workload,
             exchange,
             {name: phase.hops() for name, phase in phases.items()},
-            max_steps=CALIBRATION_STEPS,
+            # A run whose epochs drain its overlapped rounds is simulated round for round, as
+            # it ran (`simulate_steps`).
+            max_steps=max(CALIBRATION_STEPS, case.observation.steps)
+            if case.mode.overlap and case.mode.local_steps > 1 and case.workload.epoch_steps
+            else CALIBRATION_STEPS,
         )
         for case, phases in zip(cases, transfers, strict=True)
     ]

@@ -118,6 +118,9 @@ class Observation:
     # What `step_seconds` was read from: the loop's own wall ("loop wall", `loop_step_seconds`)
     # or, for runs that did not record it, the sum of the timed phases ("phases").
     step_measured_by: str = "phases"
+    # Steps between the run's epoch ends (its steps over its epochs), where the training loop
+    # drains an overlapped round in flight; None where that cannot be told (a resumed run).
+    epoch_steps: int | None = None
 
     @property
     def key(self) -> str:
@@ -423,6 +426,11 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
             else sum(phases.values()) / steady_steps
         ),
         step_measured_by="phases" if loop_wall is None else "loop wall",
+        epoch_steps=(
+            None
+            if summary.get("resumed_from_epoch")
+            else max(steps // max(int(summary.get("epochs") or 1), 1), 1)
+        ),
         steps=steps,
         history=tuple(summary.get("history") or ()),
         codec=_codec(compression),

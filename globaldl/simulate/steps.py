@@ -5,7 +5,9 @@ loop runs coordination cycles back to back, each cycle one chain of single messa
 process set (see `exchange` and `collectives.Coordination`); the cycle that finds every
 device's tensors ready starts the collective, whose ring hops are composed from SimGrid's
 per-message times by the ring's data dependencies. The next round starts where the
-collective ends (or, with overlap, compute runs one round ahead).
+collective ends (or, with overlap, compute runs one round ahead, except across an epoch's end,
+where the training loop drains the round in flight: `Workload.epoch_steps`; the projections
+leave it None, an epoch long enough not to matter, and the unreduced `protocol` has no epochs).
 
 A tensor made from a collective's result reaches Horovod's queue only after the loop has
 begun its next cycle: the loop goes from the collective's end straight into that cycle (its
@@ -71,6 +73,9 @@ class Workload:
     payload_bytes: float
     cycle_time_seconds: float
     compute_cpu_seconds: np.ndarray  # per device: CPU-seconds of one step's non-exchange phases
+    # Steps between the training loop's epoch ends, where a round in flight is drained (None:
+    # no epoch ends; see `simulate_steps`).
+    epoch_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not self.payload_bytes >= 0:
@@ -79,6 +84,8 @@ class Workload:
             raise ValueError(f"cycle_time_seconds must be > 0, got {self.cycle_time_seconds!r}")
         if np.any(np.asarray(self.compute_cpu_seconds) < 0):
             raise ValueError("compute_cpu_seconds must be >= 0")
+        if self.epoch_steps is not None and self.epoch_steps < 1:
+            raise ValueError(f"epoch_steps must be >= 1 or None, got {self.epoch_steps!r}")
 
 
 @dataclass(frozen=True)
@@ -204,12 +211,29 @@ def simulate_steps(
     min_measured = QUOTA_PERIODS_MEASURED * CFS_PERIOD_SECONDS if quota_bound else 0.0
     compute_end = previous_end = older_end = np.zeros(ranks)
     durations, parts = [], []
-    for _ in range(max_rounds):
-        compute_start = np.maximum(compute_end, older_end) if mode.overlap else previous_end
+    # With overlap, every epoch's end drains the round in flight (`RoundEngine.drain`: the loop
+    # waits for it, so that validation sees every finished round): a round whose steps an epoch
+    # ends inside stops there until the round before has finished; a round that ends with an
+    # epoch is waited for before the next one starts. The rounds then repeat only every few
+    # epochs, so every round of the run is simulated (`max_steps`: the run's steps).
+    drains = mode.overlap and local_steps > 1 and workload.epoch_steps is not None
+    drained = False
+    for index in range(max_rounds):
+        if mode.overlap:
+            compute_start = np.maximum(compute_end, previous_end if drained else older_end)
+        else:
+            compute_start = previous_end
+        resume, round_work = compute_start, work
+        if drains:
+            inside, drained = _epoch_ends(index, local_steps, int(workload.epoch_steps or 1))
+            if inside:
+                paused = cpu.run(compute_start, work * inside / local_steps)
+                resume = np.maximum(paused, previous_end)
+                round_work = work * (local_steps - inside) / local_steps
         ready, started, cycles = _coordinate(
             loops,
-            compute_start,
-            work,
+            resume,
+            round_work,
             workload.cycle_time_seconds,
             cycle,
             cpu_per_cycle,
@@ -261,7 +285,7 @@ def simulate_steps(
             )
         )
         older_end, previous_end = previous_end, finish
-        if _steady(durations, min_measured):
+        if not drains and _steady(durations, min_measured):
             break
     # The first round starts cold (every loop idle at time zero): leave it out when possible.
     measured = slice(1, None) if len(durations) > 1 else slice(None)
@@ -287,6 +311,18 @@ def simulate_steps(
         timed_out=bool(loops.longest_wait > parameters.gloo_timeout_seconds),
         simulated_steps=len(durations) * local_steps,
     )
+
+
+def _epoch_ends(round_index: int, local_steps: int, epoch_steps: int) -> tuple[int, bool]:
+    """Where a round's epochs end: inside it (after how many steps; 0: none), and at its end.
+
+    Returns the steps of the round before the first epoch end strictly inside it, and whether
+    an epoch ends with the round's last step.
+    """
+    first, last = round_index * local_steps, (round_index + 1) * local_steps
+    boundary = (first // epoch_steps + 1) * epoch_steps  # the first epoch end after `first`
+    inside = boundary - first if boundary < last else 0
+    return inside, last % epoch_steps == 0
 
 
 def _steady(durations: list[float], min_measured_seconds: float = 0.0) -> bool:

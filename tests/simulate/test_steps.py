@@ -26,7 +26,7 @@ from globaldl.simulate.exchange import (
     plan_network,
 )
 from globaldl.simulate.platform import Device, Fleet, Site, link_directions, uniform_fleet
-from globaldl.simulate.steps import Workload, simulate_steps
+from globaldl.simulate.steps import Workload, _epoch_ends, simulate_steps
 from globaldl.simulate.topology import Phase
 
 RNG = np.random.default_rng(0)
@@ -253,14 +253,14 @@ def test_a_neighbour_running_ahead_queues_its_bytes_behind_its_last_message():
     assert finish[0] == pytest.approx(1.0 + 0.2 + 0.2)
 
 
-def _estimate(mode, ranks=4, latency=0.1, compute=0.05, timeout=30.0, cores=1.0):
+def _estimate(mode, ranks=4, latency=0.1, compute=0.05, timeout=30.0, cores=1.0, epoch_steps=None):
     fleet = uniform_fleet(LinkProfile("test", 5000, 17500), ranks)
     fleet = type(fleet)(tuple(type(d)(d.profile, cpu_cores=cores) for d in fleet.devices))
     order = list(range(ranks))
     phase = Phase.of(order, order[-1:] + order[:-1], [1000] * ranks)
     hops = Hops(phase, np.zeros(ranks), np.full(ranks, latency), np.zeros(ranks), np.zeros(ranks))
     network = {"chain": hops, "ring": hops}
-    workload = Workload(240_000, 0.005, np.full(ranks, compute))
+    workload = Workload(240_000, 0.005, np.full(ranks, compute), epoch_steps)
     parameters = ExchangeParameters(gloo_timeout_seconds=timeout)
     return simulate_steps(fleet, mode, workload, parameters, network, max_steps=40)
 
@@ -384,6 +384,36 @@ def test_overlap_with_a_short_round_hands_its_delta_over_after_the_cycle_began()
     assert plain.step_seconds * 8 == pytest.approx((4 + 1 + 6 + 6) * 0.1, rel=0.02)
     assert overlapped.step_seconds == pytest.approx(plain.step_seconds, rel=0.02)
     assert overlapped.cycles_per_step == pytest.approx(plain.cycles_per_step)
+
+
+def test_an_epochs_end_drains_the_overlapped_round_in_flight():
+    # Rounds of 8 steps of 0.1 s against a longer exchange: overlap hides the compute...
+    plain = _estimate(ExchangeMode("local", local_steps=8), compute=0.1)
+    overlapped = ExchangeMode("local", local_steps=8, overlap=True)
+    hidden = _estimate(overlapped, compute=0.1)
+    assert hidden.step_seconds < 0.8 * plain.step_seconds
+    # ...unless every round ends with an epoch: the loop waits for the round it just handed
+    # over before the next starts, and nothing overlaps.
+    every = _estimate(overlapped, compute=0.1, epoch_steps=8)
+    assert every.step_seconds == pytest.approx(plain.step_seconds, rel=0.05)
+    # Epochs of 12 steps: one round in three stops after 4 steps for the round before, one
+    # in three is waited for; the others overlap.
+    some = _estimate(overlapped, compute=0.1, epoch_steps=12)
+    assert hidden.step_seconds < some.step_seconds < every.step_seconds
+    # Without overlap there is nothing in flight at an epoch's end.
+    assert _estimate(
+        ExchangeMode("local", local_steps=8), compute=0.1, epoch_steps=12
+    ).step_seconds == pytest.approx(plain.step_seconds)
+
+
+def test_an_epoch_end_is_found_inside_a_round_or_at_its_end():
+    assert _epoch_ends(0, 64, 31) == (31, False)  # steps 0-63: the first epoch ends after 31
+    assert _epoch_ends(1, 64, 31) == (29, False)  # steps 64-127: after 93, 29 steps in
+    assert _epoch_ends(0, 16, 16) == (0, True)  # the round and the epoch end together
+    assert _epoch_ends(3, 16, 62) == (14, False)  # steps 48-63: the epoch ends after 62
+    assert _epoch_ends(2, 8, 12) == (0, True)  # steps 16-23
+    with pytest.raises(ValueError, match="epoch_steps must be >= 1 or None, got 0"):
+        Workload(1.0, 0.005, np.zeros(2), 0)
 
 
 def test_a_quarter_core_computes_within_its_quota_at_full_speed_and_beyond_it_throttled():
