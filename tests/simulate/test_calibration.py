@@ -183,6 +183,12 @@ def test_the_loop_wall_is_the_step_to_hit_where_the_summary_records_it():
     observation = observation_from_run("test", run)
     assert observation.step_seconds == pytest.approx(2.0 / 4)
     assert observation.step_measured_by == "loop wall"
+    # Its epochs are 10 steps: where an overlapped round in flight would be drained.
+    assert observation.epoch_steps == 10
+    resumed = observation_from_run(
+        "test", run | {"summary": run["summary"] | {"resumed_from_epoch": 1}}
+    )
+    assert resumed.epoch_steps is None and resumed.step_measured_by == "phases"
     # A sixth, partial round (the run's last 2 steps) is not a steady one.
     run["summary"]["steps"] = 22
     run["summary"]["rounds"]["round_local_seconds"].append(0.1)
