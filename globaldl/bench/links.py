@@ -9,11 +9,11 @@ their min-max; each is checked against what the profiles promise (within 10%).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from globaldl.bench.results import spread
 from globaldl.fleet.fleet import Fleet
 from globaldl.fleet.linkcheck import measure_path
 from globaldl.fleet.plan import plan_from_options
@@ -28,12 +28,6 @@ TOLERANCE = 0.10
 DEFAULT_STATE_DIR = Path("/run/globaldl-bench-links")
 DEFAULT_PREFIX = "gdlb"
 DEFAULT_SUBNET = "10.79.0.0/24"
-
-
-def _spread(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {"median": None, "min": None, "max": None}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def measure_links(
@@ -90,9 +84,9 @@ def _short(measured: dict[str, Any]) -> str:
 
 def _row(name: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
     round_trips = [s["round_trip"] for s in samples]
-    rtt = _spread([r["round_trip_ms_median"] for r in round_trips if r["round_trip_ms_median"]])
+    rtt = spread([r["round_trip_ms_median"] for r in round_trips if r["round_trip_ms_median"]])
     expected_rtt = round_trips[0]["expected_round_trip_ms"]
-    loss = _spread([r["forward_loss_fraction"] for r in round_trips])
+    loss = spread([r["forward_loss_fraction"] for r in round_trips])
     row: dict[str, Any] = {
         "profile": name,
         "round_trip_ms": rtt["median"],
@@ -107,9 +101,9 @@ def _row(name: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
     rates = [s for s in samples if "rate" in s]
     if rates:
-        rate = _spread([s["rate"]["frame_bits_per_second"] / 1e6 for s in rates])
+        rate = spread([s["rate"]["frame_bits_per_second"] / 1e6 for s in rates])
         shaped = rates[0]["rate"]["shaped_bits_per_second"] / 1e6
-        cores = _spread([s["emulation_cpu_cores"] for s in rates if s["emulation_cpu_cores"]])
+        cores = spread([s["emulation_cpu_cores"] for s in rates if s["emulation_cpu_cores"]])
         row.update(
             {
                 "rate_mbit_per_second": rate["median"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -76,6 +77,13 @@ def _installed_version(distribution: str) -> str:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def spread(values: Sequence[float]) -> dict[str, float | None]:
+    """The median of `values` with their min and max (all None where there are none)."""
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:

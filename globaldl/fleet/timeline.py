@@ -15,13 +15,15 @@ the loop's next cycle begins waits for that cycle; ready a moment later, for one
 
 from __future__ import annotations
 
+import bisect
 import json
-import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from globaldl.bench.results import spread
 
 COLLECTIVES = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
 CYCLE_MARK = "CYCLE_START"
@@ -40,6 +42,11 @@ class Exchange:
     def seconds(self) -> float:
         """From its first collective's start to its last one's end."""
         return self.end_seconds - self.start_seconds
+
+    @property
+    def kind(self) -> str:
+        """Its collectives' kinds, each once (`ALLGATHER`, `ALLREDUCE+BROADCAST`)."""
+        return "+".join(sorted(set(self.kinds)))
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class Wait:
         """One table row: the next exchange, the wait before it and its cycles."""
         return {
             "start_seconds": round(self.before.start_seconds, 6),
-            "kinds": "+".join(sorted(set(self.before.kinds))),
+            "kinds": self.before.kind,
             "wait_seconds": round(self.seconds, 6),
             "exchange_seconds": round(self.before.seconds, 6),
             "cycles": self.cycles,
@@ -86,8 +93,13 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return [event for event in events if isinstance(event, dict)]
 
 
-def exchanges(events: Sequence[dict[str, Any]]) -> list[Exchange]:
-    """The run's exchanges in time order: collectives merged while no cycle began between."""
+def exchanges(
+    events: Sequence[dict[str, Any]], cycles: Sequence[float] | None = None
+) -> list[Exchange]:
+    """The run's exchanges in time order: collectives merged while no cycle began between.
+
+    `cycles`: the timeline's `cycle_starts`, where the caller has them already.
+    """
     tensors = {
         event["pid"]: event["args"]["name"]
         for event in events
@@ -115,10 +127,11 @@ def exchanges(events: Sequence[dict[str, Any]]) -> list[Exchange]:
                     )
                 )
     operations.sort()
-    cycles = cycle_starts(events)
+    if cycles is None:
+        cycles = cycle_starts(events)
     merged: list[Exchange] = []
     for start, end, kind, tensor in operations:
-        if merged and not _cycle_between(cycles, merged[-1].end_seconds, start):
+        if merged and not _cycles_between(cycles, merged[-1].end_seconds, start):
             last = merged[-1]
             merged[-1] = Exchange(
                 (*last.kinds, kind),
@@ -136,8 +149,9 @@ def cycle_starts(events: Sequence[dict[str, Any]]) -> list[float]:
     return sorted(event["ts"] / 1e6 for event in events if event.get("name") == CYCLE_MARK)
 
 
-def _cycle_between(cycles: Sequence[float], start: float, end: float) -> bool:
-    return any(start <= cycle < end for cycle in cycles)
+def _cycles_between(cycles: Sequence[float], start: float, end: float) -> Sequence[float]:
+    """The cycle starts at or after `start` and before `end` (`cycles` in order)."""
+    return cycles[bisect.bisect_left(cycles, start) : bisect.bisect_left(cycles, end)]
 
 
 def waits(events: Sequence[dict[str, Any]]) -> list[Wait]:
@@ -147,10 +161,10 @@ def waits(events: Sequence[dict[str, Any]]) -> list[Wait]:
         raise ValueError(
             "the timeline marks no cycles: record it with HOROVOD_TIMELINE_MARK_CYCLES=1"
         )
-    found = exchanges(events)
+    found = exchanges(events, cycles)
     result = []
     for after, before in zip(found, found[1:], strict=False):
-        begun = [cycle for cycle in cycles if after.end_seconds <= cycle < before.start_seconds]
+        begun = list(_cycles_between(cycles, after.end_seconds, before.start_seconds))
         ends = [*begun[1:], before.start_seconds]
         lengths = tuple(end - start for start, end in zip(begun, ends, strict=True))
         result.append(Wait(after, before, lengths))
@@ -159,18 +173,10 @@ def waits(events: Sequence[dict[str, Any]]) -> list[Wait]:
 
 def summarize(found: Sequence[Wait], kinds: str | None = None) -> dict[str, Any]:
     """Medians and ranges of the waits before exchanges of `kinds` (e.g. "ALLGATHER"; all)."""
-    chosen = [wait for wait in found if kinds is None or wait.as_row()["kinds"] == kinds]
+    chosen = [wait for wait in found if kinds is None or wait.before.kind == kinds]
     if not chosen:
         raise ValueError(f"no exchange of kinds {kinds!r} follows another in the timeline")
     cycle_lengths = [length for wait in chosen for length in wait.cycle_seconds]
-
-    def spread(values: Sequence[float]) -> dict[str, float]:
-        return {
-            "median": statistics.median(values),
-            "min": min(values),
-            "max": max(values),
-        }
-
     return {
         "kinds": kinds or "all",
         "exchanges": len(chosen),

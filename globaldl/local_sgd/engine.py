@@ -193,9 +193,9 @@ class RoundEngine:
             future = run_in_background(self.graph.exchange_round, *arguments)
             self.pending = PendingRound(index, future)
             seconds = {"exchange": waited, "apply": float(turn.seconds)}
-        self._report(observer, totals, seconds, result)
+        sync_seconds = self._report(observer, totals, seconds, result)
         self.totals.round_local_seconds.append(local_seconds)
-        self.totals.round_sync_seconds.append(sum(seconds.values()))
+        self.totals.round_sync_seconds.append(sync_seconds)
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.round_started = time.perf_counter()
@@ -262,11 +262,11 @@ class RoundEngine:
         totals: RunTotals,
         seconds: dict[str, float],
         applied: RoundResult | None,
-    ) -> None:
+    ) -> float:
         """Add the loop's time at this round end to the phases, its bytes to the totals.
 
         `seconds`: the graph-timed phases (the outer step and restart are `apply`), and with
-        overlap the wait for the round in flight as `exchange`.
+        overlap the wait for the round in flight as `exchange`. Returns that time.
         """
         phases = dict.fromkeys(PHASES, 0.0)
         phases.update(seconds)
@@ -289,6 +289,7 @@ class RoundEngine:
             rounds=int(applied is not None),
             skipped=applied is not None and bool(applied.nonfinite),
         )
+        return seconds_here
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict[str, Any]:

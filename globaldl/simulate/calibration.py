@@ -32,7 +32,7 @@ from globaldl.simulate.exchange import (
 )
 from globaldl.simulate.fleetdata import Observation
 from globaldl.simulate.platform import Device, Fleet, Site, link_directions
-from globaldl.simulate.steps import StepEstimate, Workload, simulate_steps
+from globaldl.simulate.steps import StepEstimate, Workload, drained_epoch_steps, simulate_steps
 
 # The declared calibration subset, all on 4 devices at half a core: every codec and three cycle
 # times (ablation), three link profiles x two models x both collectives (bottleneck), and the
@@ -182,7 +182,7 @@ def predict(
             # A run whose epochs drain its overlapped rounds is simulated round for round, as
             # it ran (`simulate_steps`).
             max_steps=max(CALIBRATION_STEPS, case.observation.steps)
-            if case.mode.overlap and case.mode.local_steps > 1 and case.workload.epoch_steps
+            if drained_epoch_steps(case.mode, case.workload) is not None
             else CALIBRATION_STEPS,
         )
         for case, phases in zip(cases, transfers, strict=True)

@@ -256,7 +256,18 @@ def steady_step_in_rounds(
     return (total - sync) / steady_steps + per_round / every
 
 
-def loop_step_seconds(summary: dict[str, Any], every: int) -> float | None:
+def epoch_steps(summary: dict[str, Any]) -> int | None:
+    """Steps between a run's epoch ends (its steps over its epochs; at least 1).
+
+    None for a resumed run: its records start at the resumed epoch, so where its epochs ended
+    among them cannot be told.
+    """
+    if summary.get("resumed_from_epoch"):
+        return None
+    return max(int(summary.get("steps") or 0) // max(int(summary.get("epochs") or 1), 1), 1)
+
+
+def loop_step_seconds(summary: dict[str, Any], every: int, per_epoch: int | None) -> float | None:
     """The training loop's steady wall seconds a step, where the summary records them.
 
     What the phases leave out is in it: the step's dispatch, the loop's bookkeeping between
@@ -265,25 +276,18 @@ def loop_step_seconds(summary: dict[str, Any], every: int) -> float | None:
     plus `round_sync_seconds`) over their `every` steps: the first round (the traced first step,
     Horovod's first negotiation) and every round across an epoch's end (validation, the next
     epoch's input pipeline) left out. Per step, the loop's wall from each step's start to the
-    next one's (`step_wall_seconds`). None where the summary records neither (older runs).
+    next one's (`step_wall_seconds`). `per_epoch`: the run's `epoch_steps`. None where the
+    summary records neither (older runs).
     """
     rounds = summary.get("rounds") or {}
     local, sync = rounds.get("round_local_seconds"), rounds.get("round_sync_seconds")
     if every > 1:
         # Rounds by wall-clock time do not say which of them an epoch's end fell in, nor do
-        # the rounds of a resumed run (its records start at the resumed epoch).
+        # the rounds of a resumed run (`per_epoch` None).
         by_steps = str(rounds.get("sync_every", "")).isdigit()
-        steps = int(summary.get("steps") or 0)
-        per_epoch = steps // max(int(summary.get("epochs") or 1), 1)
-        if (
-            not by_steps
-            or summary.get("resumed_from_epoch")
-            or per_epoch < 1
-            or not local
-            or not sync
-            or len(local) != len(sync)
-        ):
+        if not by_steps or per_epoch is None or not local or not sync or len(local) != len(sync):
             return None
+        steps = int(summary.get("steps") or 0)
         # A last round cut short by the run's end has fewer steps: left out too.
         whole = min(len(local), steps // every)
         steady = [
@@ -400,7 +404,8 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         ]
     else:
         compute = [burst_cpu_seconds(_non_exchange(phases) / steady_steps, shares[0])] * ranks
-    loop_wall = loop_step_seconds(summary, every)
+    per_epoch = epoch_steps(summary)
+    loop_wall = loop_step_seconds(summary, every, per_epoch)
     batch_share = sum(phases.get(name, 0.0) for name in BATCH_PHASES) / max(
         _non_exchange(phases), 1e-12
     )
@@ -426,11 +431,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
             else sum(phases.values()) / steady_steps
         ),
         step_measured_by="phases" if loop_wall is None else "loop wall",
-        epoch_steps=(
-            None
-            if summary.get("resumed_from_epoch")
-            else max(steps // max(int(summary.get("epochs") or 1), 1), 1)
-        ),
+        epoch_steps=per_epoch,
         steps=steps,
         history=tuple(summary.get("history") or ()),
         codec=_codec(compression),

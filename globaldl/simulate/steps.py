@@ -216,7 +216,7 @@ def simulate_steps(
     # ends inside stops there until the round before has finished; a round that ends with an
     # epoch is waited for before the next one starts. The rounds then repeat only every few
     # epochs, so every round of the run is simulated (`max_steps`: the run's steps).
-    drains = mode.overlap and local_steps > 1 and workload.epoch_steps is not None
+    per_epoch = drained_epoch_steps(mode, workload)
     drained = False
     for index in range(max_rounds):
         if mode.overlap:
@@ -224,8 +224,8 @@ def simulate_steps(
         else:
             compute_start = previous_end
         resume, round_work = compute_start, work
-        if drains:
-            inside, drained = _epoch_ends(index, local_steps, int(workload.epoch_steps or 1))
+        if per_epoch is not None:
+            inside, drained = _epoch_ends(index, local_steps, per_epoch)
             if inside:
                 paused = cpu.run(compute_start, work * inside / local_steps)
                 resume = np.maximum(paused, previous_end)
@@ -285,7 +285,7 @@ def simulate_steps(
             )
         )
         older_end, previous_end = previous_end, finish
-        if not drains and _steady(durations, min_measured):
+        if per_epoch is None and _steady(durations, min_measured):
             break
     # The first round starts cold (every loop idle at time zero): leave it out when possible.
     measured = slice(1, None) if len(durations) > 1 else slice(None)
@@ -311,6 +311,15 @@ def simulate_steps(
         timed_out=bool(loops.longest_wait > parameters.gloo_timeout_seconds),
         simulated_steps=len(durations) * local_steps,
     )
+
+
+def drained_epoch_steps(mode: ExchangeMode, workload: Workload) -> int | None:
+    """Steps between the epoch ends that drain `mode`'s rounds in flight; None where none do.
+
+    Only overlapped local steps have a round in flight at an epoch's end; a workload without
+    epochs (`epoch_steps` None, the projections') has none either.
+    """
+    return workload.epoch_steps if mode.overlap and mode.local_steps > 1 else None
 
 
 def _epoch_ends(round_index: int, local_steps: int, epoch_steps: int) -> tuple[int, bool]:
