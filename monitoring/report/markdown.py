@@ -1,0 +1,92 @@
+"""The run report itself: markdown with the bottleneck sentences, tables and the plots' PNGs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from globaldl.files import write_bytes_atomically, write_text_atomically
+from globaldl.monitoring.phases import PHASES
+from globaldl.monitoring.report.data import RunData, device_bottlenecks, device_profiles
+from globaldl.monitoring.report.plots import VIEWS, figure_png
+
+
+def _phase_table(run: RunData) -> list[str]:
+    lines = [
+        "| device | " + " | ".join(PHASES) + " | waiting for peers | step |",
+        "|---|" + "---:|" * (len(PHASES) + 2),
+    ]
+    for profile in device_profiles(run):
+        cells = [f"{1000 * profile.own_seconds[phase]:.1f}" for phase in PHASES]
+        step_seconds = sum(profile.own_seconds.values()) + profile.peer_wait_seconds
+        lines.append(
+            f"| {profile.device} | "
+            + " | ".join(cells)
+            + f" | {1000 * profile.peer_wait_seconds:.1f} | {1000 * step_seconds:.1f} |"
+        )
+    lines += [
+        "",
+        "Milliseconds per step, averaged over the ranks of each device. The exchange column is "
+        "its transfer time, the least exchange time per step of any rank; what a rank spent in "
+        "the exchange beyond that was waiting for slower peers.",
+    ]
+    return lines
+
+
+def _bytes_table(run: RunData) -> list[str]:
+    lines = ["| device | raw MB | wire MB | compression ratio |", "|---|---:|---:|---:|"]
+    for device in run.devices():
+        raw = sum(r.gradient_bytes_raw for r in run.ranks if r.device == device)
+        wire = sum(r.gradient_bytes_wire for r in run.ranks if r.device == device)
+        ratio = f"{raw / wire:.2f}" if wire else "n/a"
+        lines.append(f"| {device} | {raw / 1e6:.2f} | {wire / 1e6:.2f} | {ratio} |")
+    return lines
+
+
+def _rank_table(run: RunData) -> list[str]:
+    lines = [
+        "| rank | device | steps | skipped | examples | ms per step | local ms per step |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for rank in sorted(run.ranks, key=lambda r: r.rank):
+        lines.append(
+            f"| {rank.rank} | {rank.device} | {rank.steps:.0f} | {rank.skipped_steps:.0f} | "
+            f"{rank.examples:.0f} | {1000 * rank.step_seconds:.1f} | "
+            f"{1000 * rank.local_step_seconds:.1f} |"
+        )
+    return lines
+
+
+def write_report(run: RunData, out_dir: Path) -> Path:
+    """Write OUT_DIR/report.md and one PNG per view that has data; return the markdown's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bottlenecks = device_bottlenecks(run)
+    lines = [f"# globaldl run {run.run_id}", "", f"Source: {run.source}.", "", "## Bottleneck", ""]
+    lines += [f"- {b.sentence()}" for b in bottlenecks] or ["- No step time was recorded."]
+    lines += [
+        "",
+        "The bottleneck is the phase with the largest share of a device's own step time, the "
+        "exchange counting only its transfer time, not waiting for slower peers "
+        "(globaldl.monitoring.phases; in Prometheus, globaldl:bottleneck_share:ratio). "
+        "Per-step means leave each rank's first step out where it was recorded: it traces the "
+        "step and waits for Horovod's first negotiation.",
+    ]
+    tables: Mapping[str, list[str]] = {
+        "Step time by phase": _phase_table(run),
+        "Gradient exchange": _bytes_table(run),
+        "Stragglers": _rank_table(run),
+    }
+    for view in VIEWS:
+        lines += ["", f"## {view.heading}", ""]
+        figure = view.plot(run)
+        if figure is None:
+            lines.append(f"Not shown: {view.missing}.")
+        else:
+            write_bytes_atomically(out_dir / view.file_name, figure_png(figure))
+            lines.append(f"![{view.heading}]({view.file_name})")
+        if view.heading in tables:
+            lines += ["", *tables[view.heading]]
+    path = out_dir / "report.md"
+    write_text_atomically(path, "\n".join(lines) + "\n")
+    return path
