@@ -27,7 +27,16 @@ counts) keep every example's gradient at the same weight, so the update stays un
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+# What every rank times, after one warm-up batch: these batches, repeated until this many
+# seconds have passed (a CPU quota shows only over many 100 ms periods).
+PROBE_BATCHES = 8
+PROBE_SECONDS = 2.0
 
 
 def split_batch(global_batch: int, speeds: Sequence[float]) -> tuple[int, ...]:
@@ -64,3 +73,38 @@ def split_batch(global_batch: int, speeds: Sequence[float]) -> tuple[int, ...]:
 def gradient_weight(batch_sizes: Sequence[int], rank: int) -> float:
     """The factor on rank `rank`'s mean gradient that makes the ranks' average the true mean."""
     return batch_sizes[rank] * len(batch_sizes) / sum(batch_sizes)
+
+
+def measure_speed(
+    model: Any,
+    loss_fn: Any,
+    variables: Sequence[tf.Variable],
+    batches: Iterable[Any],
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Examples per second of `model`'s forward and backward pass over `batches` (no exchange).
+
+    The first of `batches` (images, labels) traces and warms up, untimed; the others are timed,
+    repeated for at least PROBE_SECONDS by `clock` and at least once each.
+    """
+
+    @tf.function
+    def forward_backward(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        gradients = tape.gradient(loss, variables)
+        return tf.add_n([tf.reduce_sum(g) for g in gradients if g is not None])
+
+    warm_up, *timed = list(batches)
+    if not timed:
+        raise ValueError("measure_speed needs at least two batches: one to warm up, one to time")
+    forward_backward(*warm_up).numpy()
+    done, examples, started = 0, 0, clock()
+    # Long enough to span many CPU-quota periods (a cgroup-limited device runs at full
+    # speed until its quota for the period is spent), and at least one pass over the batches.
+    while done < len(timed) or clock() - started < PROBE_SECONDS:
+        images, labels = timed[done % len(timed)]
+        forward_backward(images, labels).numpy()
+        examples += int(labels.shape[0])
+        done += 1
+    return examples / max(clock() - started, 1e-9)

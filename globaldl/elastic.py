@@ -82,8 +82,9 @@ from globaldl.elastic_timeouts import (
     use_gloo_timeouts,
 )
 from globaldl.monitoring import NullObserver, TrainingObserver
+from globaldl.run_record import EpochResult, RunTotals
 from globaldl.settings import TrainSettings
-from globaldl.trainer import EpochResult, RunTotals, Trainer, optimizer_variables
+from globaldl.trainer import Trainer, optimizer_variables
 
 log = logging.getLogger(__name__)
 

@@ -2,100 +2,43 @@
 
 The step itself (data_load, compute, compress, exchange, decompress, apply, each timed) is
 built in `globaldl/step.py`; this module owns everything around it: input, model, optimizer,
-the compressor's state, checkpoints, validation, metrics and the run summary.
+the compressor's state, checkpoints, validation and metrics. What the run adds up, and the
+summary made of it, are `globaldl/run_record.py`'s.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
-import platform
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-import globaldl
 from globaldl import checkpoint, schedules, summary
-from globaldl.balance import gradient_weight, split_batch
+from globaldl.balance import PROBE_BATCHES, gradient_weight, measure_speed, split_batch
 from globaldl.compression import GradientCompressor
 from globaldl.exchange import (
     Exchange,
     check_wire_spec,
-    collectives_per_step,
-    dense_device_tx_bytes_per_step_model,
-    device_tx_bytes_per_step_model,
 )
 from globaldl.local_sgd.engine import RoundEngine, build_round_engine
 from globaldl.local_sgd.local_step import build_local_step
-from globaldl.local_sgd.report import rounds_summary
 from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.pipelines import InputPipeline, make_pipeline
 from globaldl.progress import EpochProgress, NoProgress
+from globaldl.run_record import EpochResult, RunTotals, run_summary
 from globaldl.settings import TrainSettings
 from globaldl.sites import load_site_map, own_names
 from globaldl.step import CORRECT, LOSS, SKIPPED, WIRE_BYTES, StepParts, build_train_step
 
 log = logging.getLogger(__name__)
-
-# What `--balance speed` times on every rank, after one warm-up batch: these batches, repeated
-# until this many seconds have passed (a CPU quota shows only over many 100 ms periods).
-BALANCE_PROBE_BATCHES = 8
-BALANCE_PROBE_SECONDS = 2.0
-
-
-@dataclass
-class EpochResult:
-    """One epoch's numbers, averaged over all ranks."""
-
-    epoch: int
-    loss: float
-    accuracy: float
-    val_loss: float
-    val_accuracy: float
-    seconds: float
-    examples_per_second: float
-
-    def as_dict(self) -> dict[str, float | int]:
-        """The epoch as a plain dict (the summary's history entry)."""
-        return dict(self.__dict__)
-
-
-@dataclass
-class RunTotals:
-    """What rank 0 adds up over the run for the summary."""
-
-    steps: int = 0
-    skipped_steps: int = 0
-    gradient_bytes_raw: int = 0
-    gradient_bytes_wire: int = 0
-    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    # Process CPU time (every thread: TensorFlow, Horovod's loop) when the totals started.
-    cpu_started_seconds: float = field(default_factory=time.process_time)
-    # Process CPU time inside training steps, and over how many: every step but the first
-    # of the totals (which traces the graph) counts.
-    step_cpu_seconds: float = 0.0
-    step_cpu_steps: int = 0
-    # The phases of that first step: it also waits for the slowest rank to trace and for
-    # Horovod's first negotiation, which a short run's mean step would otherwise carry.
-    first_step_phase_seconds: dict[str, float] = field(
-        default_factory=lambda: dict.fromkeys(PHASES, 0.0)
-    )
-    # The loop's own wall time a step: from one step's start to the next one's, so that
-    # what no phase times (dispatch, the loop's bookkeeping, a round's end) is in it. Within
-    # epochs only (validation and the next epoch's input pipeline are not steps), and not
-    # the run's first step (it traces the graph).
-    step_wall_seconds: float = 0.0
-    step_wall_steps: int = 0
-    last_step_started: float | None = None
 
 
 def _configure_threads(local_size: int) -> None:
@@ -284,27 +227,8 @@ class Trainer:
 
     def _measure_speed(self) -> float:
         """Examples per second of this rank's forward and backward pass (no exchange)."""
-        model, loss_fn, variables = self.model, self.loss_fn, self.variables
-
-        @tf.function
-        def forward_backward(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-            with tf.GradientTape() as tape:
-                loss = loss_fn(labels, model(images, training=True))
-            gradients = tape.gradient(loss, variables)
-            return tf.add_n([tf.reduce_sum(g) for g in gradients if g is not None])
-
-        batches = list(self.pipeline.train_batches(0).take(BALANCE_PROBE_BATCHES + 1))
-        forward_backward(*batches[0]).numpy()  # traced and warmed up, not timed
-        timed = batches[1:]
-        done, started = 0, time.perf_counter()
-        # Long enough to span many CPU-quota periods (a cgroup-limited device runs at full
-        # speed until its quota for the period is spent), and at least one pass over the batches.
-        while done < len(timed) or time.perf_counter() - started < BALANCE_PROBE_SECONDS:
-            images, labels = timed[done % len(timed)]
-            forward_backward(images, labels).numpy()
-            done += 1
-        seconds = time.perf_counter() - started
-        return done * self.settings.batch_size / max(seconds, 1e-9)
+        batches = self.pipeline.train_batches(0).take(PROBE_BATCHES + 1)
+        return measure_speed(self.model, self.loss_fn, self.variables, batches)
 
     # ----------------------------------------------------------------- the step
     def _build_train_step(self) -> Callable[[Any], tf.Tensor]:
@@ -564,41 +488,17 @@ class Trainer:
             basic_auth=settings.metrics_basic_auth(),
         )
 
-    def _weight_digests(self) -> list[str]:
-        """SHA-256 of this rank's final weights, gathered from every rank in rank order."""
-        digest = hashlib.sha256()
-        for variable in self.model.variables:
-            digest.update(variable.numpy().tobytes())
-        return self.exchange.gather_text(digest.hexdigest(), "weight_digests")
-
-    def _rank_totals(self, totals: RunTotals) -> list[dict[str, Any]]:
-        """Every rank's own phase totals and process CPU seconds, gathered in rank order.
-
-        Rank 0's phases alone cannot show unequal ranks (CPU shares, local batches); the CPU
-        seconds show what a CPU quota really had to grant: over the run (`cpu_seconds`, with
-        start-up, validation and checkpoints) and inside the training steps alone
-        (`step_cpu_seconds` over `step_cpu_steps`, the traced first step left out). The first
-        step's own phases (`first_step_phase_seconds`) let a reader take the steady step.
-        """
-        own = [totals.phase_seconds[name] for name in PHASES]
-        own.append(time.process_time() - totals.cpu_started_seconds)
-        own += [totals.step_cpu_seconds, float(totals.step_cpu_steps)]
-        own += [totals.first_step_phase_seconds[name] for name in PHASES]
-        rows = self.exchange.gather_across_ranks(tf.constant([own], tf.float64), "rank_totals")
-        cpu = len(PHASES)
-        first = cpu + 3
-        return [
-            {
-                "phase_seconds": dict(zip(PHASES, row[:cpu].tolist(), strict=True)),
-                "cpu_seconds": float(row[cpu]),
-                "step_cpu_seconds": float(row[cpu + 1]),
-                "step_cpu_steps": int(row[cpu + 2]),
-                "first_step_phase_seconds": dict(
-                    zip(PHASES, row[first : first + cpu].tolist(), strict=True)
-                ),
-            }
-            for row in rows.numpy()
-        ]
+    def finish(
+        self,
+        last: EpochResult,
+        totals: RunTotals,
+        history: list[dict[str, Any]],
+        wall_seconds: float,
+        first_epoch: int,
+    ) -> dict[str, Any]:
+        """Bring the ranks' own statistics together; return the run summary (run_record)."""
+        self.synchronise_local_statistics()
+        return run_summary(self, last, totals, history, wall_seconds, first_epoch)
 
     def _print_progress(self, result: EpochResult, totals: RunTotals) -> None:
         step_total = sum(totals.phase_seconds.values()) or 1.0
@@ -613,122 +513,6 @@ class Trainer:
             f"{result.seconds:.1f}s  [{shares}]",
             flush=True,
         )
-
-    def _exchange_summary(self) -> dict[str, Any]:
-        """Which collective ran, read from the compressor's wire declaration (`wire`).
-
-        In rounds (`--sync-every` > 1) `collectives_per_step` counts one exchange's payload
-        collectives, which run once per round, not once per local step;
-        `collectives_per_round` adds the small allreduce of sample counts when it travels.
-        """
-        payload_collectives = collectives_per_step(self.wire_spec, self.exchange.hierarchy)
-        fields: dict[str, Any] = {
-            "combine": self.wire_spec.combine.value,
-            "collectives_per_step": payload_collectives,
-            "hierarchy": self.settings.hierarchy,
-            "wire": self.wire_spec.describe(),
-            "horovod_started_unix_seconds": self.exchange.started_unix_seconds,
-        }
-        if self.rounds is not None:
-            counts = 1 if self.rounds.graph.counts_travel else 0
-            fields["collectives_per_round"] = payload_collectives + counts
-        return fields
-
-    def _traffic_summary(self, totals: RunTotals) -> dict[str, Any]:
-        """Per-device bytes per step by the collectives' algorithms, against dense fp32.
-
-        In rounds a step's bytes are the rounds' bytes spread over the local steps.
-        """
-        payload_bytes = totals.gradient_bytes_wire / max(totals.steps, 1)
-        modelled = device_tx_bytes_per_step_model(
-            self.wire_spec, self.size, payload_bytes, self.exchange.hierarchy
-        )
-        dense = dense_device_tx_bytes_per_step_model(self.compressor.raw_bytes_per_step, self.size)
-        return summary.traffic(
-            device_tx_bytes_per_step_model=modelled,
-            dense_device_tx_bytes_per_step_model=dense,
-            payload_bytes_per_step=payload_bytes,
-            collectives_outside_steps=[call.to_dict() for call in self.exchange.ledger.calls()],
-        )
-
-    def finish(
-        self,
-        last: EpochResult,
-        totals: RunTotals,
-        history: list[dict[str, Any]],
-        wall_seconds: float,
-        first_epoch: int,
-    ) -> dict[str, Any]:
-        """The run summary, with every rank's device name and weight digest (collectives)."""
-        import horovod
-
-        self.synchronise_local_statistics()
-        digests = self._weight_digests()
-        devices = self.exchange.gather_text(self.device, "devices")
-        rank_totals = self._rank_totals(totals)
-        settings = self.settings
-        return {
-            "schema_version": summary.SCHEMA_VERSION,
-            "run_id": settings.run_id or "run",
-            "model": settings.model,
-            "model_options": {
-                "depth": settings.depth,
-                "layers": settings.layers,
-                "width": settings.width,
-                "batch_norm": settings.batch_norm,
-            },
-            "dataset": settings.dataset,
-            "ranks": self.size,
-            "epochs": settings.epochs,
-            "steps": totals.steps,
-            "skipped_steps": totals.skipped_steps,
-            "global_batch_size": self.global_batch_size,
-            "balance": settings.balance,
-            "rank_batch_sizes": list(self.rank_batch_sizes),
-            "measured_speeds": self.measured_speeds,
-            "learning_rate": self.learning_rate,
-            "learning_rate_schedule": {
-                "warmup_epochs": settings.lr_warmup_epochs,
-                "decay": settings.lr_decay,
-            },
-            "val_accuracy": last.val_accuracy,
-            "val_loss": last.val_loss if np.isfinite(last.val_loss) else 0.0,
-            "history": history,
-            "wall_seconds": wall_seconds,
-            "phase_seconds": totals.phase_seconds,
-            "step_wall_seconds": totals.step_wall_seconds,
-            "step_wall_steps": totals.step_wall_steps,
-            "rank_totals": rank_totals,
-            "gradient_bytes_raw": totals.gradient_bytes_raw,
-            "gradient_bytes_wire": totals.gradient_bytes_wire,
-            "compression_ratio": summary.compression_ratio(
-                totals.gradient_bytes_raw, totals.gradient_bytes_wire
-            ),
-            "compression": settings.compression.get_config(),
-            "exchange": self._exchange_summary(),
-            "traffic": self._traffic_summary(totals),
-            "rounds": rounds_summary(
-                sync_every=settings.sync_interval,
-                phase_seconds=totals.phase_seconds,
-                steps=totals.steps,
-                skipped_steps=totals.skipped_steps,
-                examples=totals.steps * self.batch_size,
-                gradient_bytes_wire=totals.gradient_bytes_wire,
-                raw_bytes_per_step=self.compressor.raw_bytes_per_step,
-                batch_size=self.batch_size,
-                engine_fields=self.rounds.summary() if self.rounds else None,
-            ),
-            "resumed_from_epoch": first_epoch if settings.resume else None,
-            "devices": devices,
-            "weight_digests": digests,
-            "weights_identical": len(set(digests)) == 1,
-            "versions": {
-                "tensorflow": tf.__version__,
-                "horovod": horovod.__version__,
-                "globaldl": globaldl.__version__,
-                "python": platform.python_version(),
-            },
-        }
 
 
 def run(settings: TrainSettings) -> dict[str, Any]:

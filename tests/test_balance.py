@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from globaldl import balance
 from globaldl.balance import gradient_weight, split_batch
 from globaldl.pipelines.sharding import proportional_indices
 
@@ -96,3 +99,35 @@ def test_pipelines_with_unequal_batches_run_the_same_steps() -> None:
         )
     with pytest.raises(ValueError, match="one batch size per rank"):
         make_pipeline("digits", rank=0, num_ranks=2, batch_size=8, seed=0, rank_batch_sizes=sizes)
+
+
+def _tiny_model_and_batches(sizes: list[int]) -> tuple[Any, Any, list[Any], list[Any]]:
+    import tensorflow as tf
+    import tf_keras as keras
+
+    model = keras.Sequential([keras.layers.Dense(3)])
+    model(tf.zeros((1, 5)))
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    batches = [(tf.ones((size, 5)), tf.zeros((size,), tf.int32)) for size in sizes]
+    return model, loss_fn, model.trainable_variables, batches
+
+
+def test_measure_speed_counts_the_timed_examples_over_the_timed_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A clock that advances one second a reading: the probe reads it when it starts, once to
+    # see its time is up (after one pass, with no minimum time), and when it ends.
+    readings = iter(range(100))
+    monkeypatch.setattr(balance, "PROBE_SECONDS", 0.0)
+    model, loss_fn, variables, batches = _tiny_model_and_batches([8, 4, 4, 2])
+    # The 8-example batch warms up untimed; 4 + 4 + 2 examples in two seconds.
+    speed = balance.measure_speed(
+        model, loss_fn, variables, batches, clock=lambda: float(next(readings))
+    )
+    assert speed == 5.0
+
+
+def test_measure_speed_refuses_a_probe_with_nothing_to_time() -> None:
+    model, loss_fn, variables, batches = _tiny_model_and_batches([4])
+    with pytest.raises(ValueError, match="at least two batches"):
+        balance.measure_speed(model, loss_fn, variables, batches)

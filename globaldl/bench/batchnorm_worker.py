@@ -51,8 +51,9 @@ def measure_variant(
     import numpy as np
 
     from globaldl.monitoring import NullObserver
+    from globaldl.run_record import RunTotals
     from globaldl.settings import TrainSettings
-    from globaldl.trainer import RunTotals, Trainer
+    from globaldl.trainer import Trainer
 
     settings = TrainSettings(
         model="resnet",

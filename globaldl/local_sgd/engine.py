@@ -49,7 +49,8 @@ from globaldl.local_sgd.schedule import SyncInterval, outer_momentum
 from globaldl.monitoring import PHASES, TrainingObserver
 
 if TYPE_CHECKING:  # the trainer imports this module
-    from globaldl.trainer import RunTotals, Trainer
+    from globaldl.run_record import RunTotals
+    from globaldl.trainer import Trainer
 
 SYNC_PHASES = ("compress", "exchange", "decompress")
 

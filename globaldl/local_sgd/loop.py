@@ -48,7 +48,7 @@ def fit_in_rounds(
     trainer: Trainer, observer: TrainingObserver, first_epoch: int, started: float
 ) -> dict[str, Any]:
     """Train `trainer` (whose `rounds` is set) from `first_epoch`; return the run summary."""
-    from globaldl.trainer import EpochResult, RunTotals
+    from globaldl.run_record import EpochResult, RunTotals
 
     settings, engine = trainer.settings, trainer.rounds
     assert engine is not None
