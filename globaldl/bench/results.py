@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from globaldl.files import write_json_atomically, write_text_atomically
+from globaldl.markdown import markdown_table
 
 
 def machine_description() -> dict[str, Any]:
@@ -84,22 +85,6 @@ def spread(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
         return {"median": None, "min": None, "max": None}
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """A GitHub markdown table of `rows`; floats get 4 significant digits."""
-    if not rows:
-        return "(no rows)\n"
-    columns = list(columns or rows[0].keys())
-
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return f"{value:.4g}"
-        return "" if value is None else str(value)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row.get(column)) for column in columns) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
 
 
 def write_results(

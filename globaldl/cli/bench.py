@@ -97,7 +97,7 @@ def compression(
             *(f"- {line}" for line in model_summaries(rows)),
         ]
         if accuracy:
-            from globaldl.bench.results import markdown_table
+            from globaldl.markdown import markdown_table
 
             loss_points = 100 * (accuracy[0]["val_accuracy"] - accuracy[1]["val_accuracy"])
             notes += [

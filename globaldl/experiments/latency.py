@@ -297,7 +297,7 @@ class LatencyExperiment(Experiment):
 
     def extra_markdown(self, results: Sequence[RunResult]) -> str:
         """Where each codec becomes latency-bound, in words."""
-        from globaldl.bench.results import markdown_table
+        from globaldl.markdown import markdown_table
 
         rows = self.aggregate(self.rows(results))
         table = []

@@ -208,7 +208,7 @@ class ResourcesExperiment(Experiment):
 
     def extra_markdown(self, results: Sequence[RunResult]) -> str:
         """The per-device table."""
-        from globaldl.bench.results import markdown_table
+        from globaldl.markdown import markdown_table
 
         columns = [
             "label",

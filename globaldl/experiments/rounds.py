@@ -398,7 +398,7 @@ class RoundsExperiment(Experiment):
 
     def extra_markdown(self, results: Sequence[RunResult]) -> str:
         """What overlap costs in accuracy and saves in time, pair by pair."""
-        from globaldl.bench.results import markdown_table
+        from globaldl.markdown import markdown_table
 
         rows = self.aggregate(self.rows(results))
         pairs = []

@@ -102,7 +102,7 @@ def link_notes(results: Sequence[RunResult]) -> str:
 
 def targets_markdown(checks: Sequence[TargetCheck]) -> str:
     """The targets table: goal, met / NOT met / not evaluated, what was measured."""
-    from globaldl.bench.results import markdown_table
+    from globaldl.markdown import markdown_table
 
     if not checks:
         return ""
@@ -171,7 +171,7 @@ def protocol_markdown(results: Sequence[RunResult], protocol: dict[str, Any] | N
 
 def load_markdown(run_rows: Sequence[dict[str, Any]]) -> str:
     """The machine's load during each run that recorded it (empty when none did)."""
-    from globaldl.bench.results import markdown_table
+    from globaldl.markdown import markdown_table
 
     recorded = [row for row in run_rows if row.get("machine_busy") is not None]
     if not recorded:

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from globaldl.bench.results import markdown_table
 from globaldl.experiments.outputs import save_figure, write_csv
+from globaldl.markdown import markdown_table
 from globaldl.monitoring.files import write_text_atomically
 from globaldl.simulate.calibration import (
     MAX_MEDIAN_ERROR,
@@ -214,13 +214,8 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
     if not documents:
         lines += ["No projection yet: run `globaldl simulate project`.", "", README_END]
         return "\n".join(lines)
-    lines += [
-        f"Calibration behind these numbers: {documents[0]['calibration']}.",
-        "",
-        "| link mix | devices one run can use | exchange mode it needs | step there | "
-        "longest wait for one message at the largest count, per mode | details |",
-        "|---|---|---|---|---|---|",
-    ]
+    waits_column = "longest wait for one message at the largest count, per mode"
+    rows = []
     for document in documents:
         found = document["answer"]
         waits = ", ".join(
@@ -228,13 +223,22 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
             for row in document["crossovers"]
         )
         largest = max(document["request"]["devices"])
-        lines.append(
-            f"| {document['request']['mix']} | "
-            f"{found['devices'] or 'none of the projected counts'} | {found['mode'] or '-'} | "
-            f"{_seconds(found['step_seconds'])} | at {largest}: {waits} | "
-            f"[{document['file'].removesuffix('.json')}]({out_dir_name}/"
-            f"{document['file'].removesuffix('.json')}.md) |"
+        details = document["file"].removesuffix(".json")
+        rows.append(
+            {
+                "link mix": document["request"]["mix"],
+                "devices one run can use": found["devices"] or "none of the projected counts",
+                "exchange mode it needs": found["mode"] or "-",
+                "step there": _seconds(found["step_seconds"]),
+                waits_column: f"at {largest}: {waits}",
+                "details": f"[{details}]({out_dir_name}/{details}.md)",
+            }
         )
+    lines += [
+        f"Calibration behind these numbers: {documents[0]['calibration']}.",
+        "",
+        markdown_table(rows).rstrip("\n"),
+    ]
     lines += [
         "",
         "Each row: the largest projected device count that does not hit Gloo's timeout "

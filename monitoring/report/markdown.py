@@ -6,55 +6,70 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from globaldl.files import write_bytes_atomically, write_text_atomically
+from globaldl.markdown import markdown_table
 from globaldl.monitoring.phases import PHASES
 from globaldl.monitoring.report.data import RunData, device_bottlenecks, device_profiles
 from globaldl.monitoring.report.plots import VIEWS, figure_png
 
 
+def _milliseconds(seconds: float) -> str:
+    return f"{1000 * seconds:.1f}"
+
+
 def _phase_table(run: RunData) -> list[str]:
-    lines = [
-        "| device | " + " | ".join(PHASES) + " | waiting for peers | step |",
-        "|---|" + "---:|" * (len(PHASES) + 2),
-    ]
+    columns = ["device", *PHASES, "waiting for peers", "step"]
+    rows = []
     for profile in device_profiles(run):
-        cells = [f"{1000 * profile.own_seconds[phase]:.1f}" for phase in PHASES]
         step_seconds = sum(profile.own_seconds.values()) + profile.peer_wait_seconds
-        lines.append(
-            f"| {profile.device} | "
-            + " | ".join(cells)
-            + f" | {1000 * profile.peer_wait_seconds:.1f} | {1000 * step_seconds:.1f} |"
+        rows.append(
+            {
+                "device": profile.device,
+                **{phase: _milliseconds(profile.own_seconds[phase]) for phase in PHASES},
+                "waiting for peers": _milliseconds(profile.peer_wait_seconds),
+                "step": _milliseconds(step_seconds),
+            }
         )
-    lines += [
-        "",
+    return [
+        markdown_table(rows, columns, right_aligned=columns[1:]),
         "Milliseconds per step, averaged over the ranks of each device. The exchange column is "
         "its transfer time, the least exchange time per step of any rank; what a rank spent in "
         "the exchange beyond that was waiting for slower peers.",
     ]
-    return lines
 
 
 def _bytes_table(run: RunData) -> list[str]:
-    lines = ["| device | raw MB | wire MB | compression ratio |", "|---|---:|---:|---:|"]
+    rows = []
     for device in run.devices():
         raw = sum(r.gradient_bytes_raw for r in run.ranks if r.device == device)
         wire = sum(r.gradient_bytes_wire for r in run.ranks if r.device == device)
-        ratio = f"{raw / wire:.2f}" if wire else "n/a"
-        lines.append(f"| {device} | {raw / 1e6:.2f} | {wire / 1e6:.2f} | {ratio} |")
-    return lines
+        rows.append(
+            {
+                "device": device,
+                "raw MB": f"{raw / 1e6:.2f}",
+                "wire MB": f"{wire / 1e6:.2f}",
+                "compression ratio": f"{raw / wire:.2f}" if wire else "n/a",
+            }
+        )
+    columns = ["device", "raw MB", "wire MB", "compression ratio"]
+    return [markdown_table(rows, columns, right_aligned=columns[1:])]
 
 
 def _rank_table(run: RunData) -> list[str]:
-    lines = [
-        "| rank | device | steps | skipped | examples | ms per step | local ms per step |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+    rows = [
+        {
+            "rank": rank.rank,
+            "device": rank.device,
+            "steps": f"{rank.steps:.0f}",
+            "skipped": f"{rank.skipped_steps:.0f}",
+            "examples": f"{rank.examples:.0f}",
+            "ms per step": _milliseconds(rank.step_seconds),
+            "local ms per step": _milliseconds(rank.local_step_seconds),
+        }
+        for rank in sorted(run.ranks, key=lambda r: r.rank)
     ]
-    for rank in sorted(run.ranks, key=lambda r: r.rank):
-        lines.append(
-            f"| {rank.rank} | {rank.device} | {rank.steps:.0f} | {rank.skipped_steps:.0f} | "
-            f"{rank.examples:.0f} | {1000 * rank.step_seconds:.1f} | "
-            f"{1000 * rank.local_step_seconds:.1f} |"
-        )
-    return lines
+    columns = ["rank", "device", "steps", "skipped", "examples", "ms per step", "local ms per step"]
+    right = [column for column in columns if column != "device"]
+    return [markdown_table(rows, columns, right_aligned=right)]
 
 
 def write_report(run: RunData, out_dir: Path) -> Path:

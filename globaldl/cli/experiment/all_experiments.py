@@ -41,8 +41,8 @@ def all_experiments(
 
 def write_targets_summary(out: Path, reports: list[ExperimentReport], command: str) -> Path:
     """OUT/targets.md: every experiment's goals, met or not, in one table."""
-    from globaldl.bench.results import markdown_table
     from globaldl.files import write_text_atomically
+    from globaldl.markdown import markdown_table
 
     rows = [
         {"experiment": report.name, **check.as_row()}

@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from globaldl.bench.results import markdown_table
 from globaldl.cli.errors import user_errors
 from globaldl.cli.fleet._common import StateDir, app, echo_err
 from globaldl.experiments.outputs import write_csv
@@ -22,6 +21,7 @@ from globaldl.fleet.tcpstate import (
     sample_fleet,
     summarize,
 )
+from globaldl.markdown import markdown_table
 
 COLUMNS = (
     "device",

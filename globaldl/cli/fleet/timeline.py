@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from globaldl.bench.results import markdown_table
 from globaldl.cli.errors import user_errors
 from globaldl.cli.fleet._common import app
 from globaldl.files import write_json_atomically
 from globaldl.fleet.timeline import read_events, summarize, waits
+from globaldl.markdown import markdown_table
 
 COLUMNS = ("start_seconds", "kinds", "wait_seconds", "exchange_seconds", "cycles")
 
