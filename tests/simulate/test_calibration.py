@@ -15,12 +15,9 @@ from globaldl.simulate.calibration import (
     ranking_checks,
     score,
 )
-from globaldl.simulate.fleetdata import (
-    burst_cpu_seconds,
-    load_observations,
-    observation_from_run,
-)
+from globaldl.simulate.fleetdata import load_observations, observation_from_run
 from globaldl.simulate.outputs import DEFAULT_OUT_DIR, PARAMETERS_FILE
+from globaldl.simulate.run_records import burst_cpu_seconds
 
 # The small subset CI re-simulates: LeNet in the devices experiment, 2 and 4 devices.
 CI_LABELS = {
