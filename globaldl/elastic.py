@@ -82,7 +82,7 @@ from globaldl.elastic_timeouts import (
     use_gloo_timeouts,
 )
 from globaldl.monitoring import NullObserver, TrainingObserver
-from globaldl.run_record import EpochResult, RunTotals
+from globaldl.run_record import EpochResult, RunTotals, run_summary
 from globaldl.settings import TrainSettings
 from globaldl.trainer import Trainer, optimizer_variables
 
@@ -467,8 +467,8 @@ class _ElasticLoop:
         if state.history:
             last = EpochResult(**state.history[-1])
         trainer.settings = settings.replace(run_id=state.run_id)
-        result = trainer.finish(
-            last, self.totals, state.history, time.perf_counter() - self.started, 0
+        result = run_summary(
+            trainer, last, self.totals, state.history, time.perf_counter() - self.started, 0
         )
         result["elastic"] = state.elastic_summary()
         return result

@@ -164,11 +164,12 @@ def run_summary(
 ) -> dict[str, Any]:
     """The run summary, with every rank's device name and weight digest (collectives).
 
-    Every rank calls it (it gathers from all); the ranks' own statistics must be in sync first
-    (`Trainer.finish` does that).
+    Every rank calls it (it gathers from all), once training is over: the ranks' moving
+    statistics are averaged first, so every rank's weight digest covers the same model.
     """
     import horovod
 
+    trainer.synchronise_local_statistics()
     digests = _weight_digests(trainer)
     devices = trainer.exchange.gather_text(trainer.device, "devices")
     rank_totals = _rank_totals(trainer, totals)

@@ -270,11 +270,11 @@ class Trainer:
     def synchronise_local_statistics(self) -> None:
         """Average the moving statistics over all ranks, unless no step ran since the last time.
 
-        Every rank's batch normalisation updates its moving mean and variance from its own
-        batches, so after one step the ranks hold different values (the trainable weights stay
-        identical: the averaged gradient updates them). Called before validation, checkpoints
-        and the final weight digest (end_epoch, finish) and at every elastic commit: one fused
-        allreduce each time, none per step, none for a model without such variables.
+        Every rank's batch normalisation updates its moving mean and variance from its own batches,
+        so after one step the ranks hold different values (the trainable weights stay identical: the
+        averaged gradient updates them). Called before validation, checkpoints and the final weight
+        digest (end_epoch, run_record.run_summary) and at every elastic commit: one fused allreduce
+        each time, none per step, none for a model without such variables.
         """
         if not self._statistics_in_sync:
             self.exchange.average_variables(self.local_statistics, "local_statistics")
@@ -377,7 +377,7 @@ class Trainer:
                 epoch, epoch_totals, self.steps_per_epoch, epoch_started, observer, totals
             )
             history.append(last.as_dict())
-        return self.finish(last, totals, history, time.perf_counter() - started, first_epoch)
+        return run_summary(self, last, totals, history, time.perf_counter() - started, first_epoch)
 
     def epoch_progress(self, epoch: int, first_step: int = 0) -> EpochProgress:
         """The progress line within `epoch` (rank 0; the other ranks print nothing)."""
@@ -487,18 +487,6 @@ class Trainer:
             keyfile=str(settings.metrics_keyfile) if settings.metrics_keyfile else None,
             basic_auth=settings.metrics_basic_auth(),
         )
-
-    def finish(
-        self,
-        last: EpochResult,
-        totals: RunTotals,
-        history: list[dict[str, Any]],
-        wall_seconds: float,
-        first_epoch: int,
-    ) -> dict[str, Any]:
-        """Bring the ranks' own statistics together; return the run summary (run_record)."""
-        self.synchronise_local_statistics()
-        return run_summary(self, last, totals, history, wall_seconds, first_epoch)
 
     def _print_progress(self, result: EpochResult, totals: RunTotals) -> None:
         step_total = sum(totals.phase_seconds.values()) or 1.0

@@ -48,7 +48,7 @@ def fit_in_rounds(
     trainer: Trainer, observer: TrainingObserver, first_epoch: int, started: float
 ) -> dict[str, Any]:
     """Train `trainer` (whose `rounds` is set) from `first_epoch`; return the run summary."""
-    from globaldl.run_record import EpochResult, RunTotals
+    from globaldl.run_record import EpochResult, RunTotals, run_summary
 
     settings, engine = trainer.settings, trainer.rounds
     assert engine is not None
@@ -78,4 +78,4 @@ def fit_in_rounds(
                 break
         last = trainer.end_epoch(epoch, epoch_totals, steps, epoch_started, observer, totals)
         history.append(last.as_dict())
-    return trainer.finish(last, totals, history, time.perf_counter() - started, first_epoch)
+    return run_summary(trainer, last, totals, history, time.perf_counter() - started, first_epoch)

@@ -4,15 +4,15 @@ Every `results/experiments/*/*.json` holds each run's summary (phase times, byte
 Horovod, steps, accuracy history), its link profile, cycle time and byte accounting. A run
 becomes an `Observation`: the configuration the simulator needs and the step time it must hit.
 
-Each device's work per step is the CPU time of its non-exchange phases at full core speed (a
-CFS quota does not slow a burst down, it stops it when the quota is spent; the simulator
-decides when). The summaries hold wall times, so the CPU time is recovered with the quota's
-own rule: the phases between two exchanges run as one burst, which starts with a full period's
-quota; a burst longer than the quota ran the quota at full speed and the rest at the quota's
-rate (`burst_cpu_seconds`). Runs whose summary carries `rank_totals` give every rank's own
-phases (and their CPU seconds as a bound); older summaries hold rank 0's only, and the other
-ranks' batch-bound phases (input, forward and backward) are moved along each model's measured
-cost per example, a line through every run's rank-0 phases at the batches the runs used.
+Each device's work per step is the CPU time of its non-exchange phases at full core speed (a CFS
+quota does not slow a burst down, it stops it when the quota is spent; the simulator decides when).
+The summaries hold wall times, so the CPU time is recovered with the quota's own rule: the phases
+between two exchanges run as one burst, which starts with a full period's quota; a burst longer than
+the quota ran the quota at full speed and the rest at the quota's rate
+(`run_records.burst_cpu_seconds`). Runs whose summary carries `rank_totals` give every rank's own
+phases (and their CPU seconds as a bound); older summaries hold rank 0's only, and the other ranks'
+batch-bound phases (input, forward and backward) are moved along each model's measured cost per
+example, a line through every run's rank-0 phases at the batches the runs used.
 
 Newer summaries also carry each rank's process CPU inside its training steps
 (`step_cpu_seconds` over `step_cpu_steps`). Where present it is the device's work per step
@@ -26,7 +26,7 @@ trace its graph and for Horovod's first negotiation (on a delayed link, several 
 12-step run's mean carries a tenth of it). Summaries that record each rank's first step
 (`first_step_phase_seconds`) give the observation their other steps' phases; older ones give
 the mean over every step. A run with local steps is measured the same way round by round: its
-local steps' mean plus one steady round end per H steps (`steady_step_in_rounds`).
+local steps' mean plus one steady round end per H steps (`run_records.steady_step_in_rounds`).
 
 The phases are timed inside the step's graph, so they miss what the training loop does around
 them: the step's dispatch, the loop's bookkeeping, a round's end outside its exchange. On a
@@ -34,7 +34,7 @@ device under a tight CPU quota that is a tenth of the step and more (LeNet in ro
 4 devices at 0.15 cores, 50 ms links: the loop's steady round 3.03 s, its phases 2.67 s).
 Newer summaries record the loop's own wall (`step_wall_seconds`; with local steps, each
 round's `round_local_seconds` and `round_sync_seconds`), and there the observation's step is
-that wall (`loop_step_seconds`, `step_measured_by`); the older runs keep their phases.
+that wall (`run_records.loop_step_seconds`, `step_measured_by`); the older runs keep their phases.
 
 The simulator is checked against the fleet as it ran: every device on one machine (its cores,
 less what the link emulation, the launcher and other processes used during the run), and a run

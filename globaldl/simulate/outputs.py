@@ -214,7 +214,6 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
     if not documents:
         lines += ["No projection yet: run `globaldl simulate project`.", "", README_END]
         return "\n".join(lines)
-    waits_column = "longest wait for one message at the largest count, per mode"
     rows = []
     for document in documents:
         found = document["answer"]
@@ -230,7 +229,9 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
                 "devices one run can use": found["devices"] or "none of the projected counts",
                 "exchange mode it needs": found["mode"] or "-",
                 "step there": _seconds(found["step_seconds"]),
-                waits_column: f"at {largest}: {waits}",
+                "longest wait for one message at the largest count, per mode": (
+                    f"at {largest}: {waits}"
+                ),
                 "details": f"[{details}]({out_dir_name}/{details}.md)",
             }
         )

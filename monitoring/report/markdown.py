@@ -16,7 +16,7 @@ def _milliseconds(seconds: float) -> str:
     return f"{1000 * seconds:.1f}"
 
 
-def _phase_table(run: RunData) -> list[str]:
+def _phase_table(run: RunData) -> str:
     columns = ["device", *PHASES, "waiting for peers", "step"]
     rows = []
     for profile in device_profiles(run):
@@ -29,15 +29,14 @@ def _phase_table(run: RunData) -> list[str]:
                 "step": _milliseconds(step_seconds),
             }
         )
-    return [
-        markdown_table(rows, columns, right_aligned=columns[1:]),
-        "Milliseconds per step, averaged over the ranks of each device. The exchange column is "
+    return markdown_table(rows, columns, right_aligned=columns[1:]) + (
+        "\nMilliseconds per step, averaged over the ranks of each device. The exchange column is "
         "its transfer time, the least exchange time per step of any rank; what a rank spent in "
-        "the exchange beyond that was waiting for slower peers.",
-    ]
+        "the exchange beyond that was waiting for slower peers."
+    )
 
 
-def _bytes_table(run: RunData) -> list[str]:
+def _bytes_table(run: RunData) -> str:
     rows = []
     for device in run.devices():
         raw = sum(r.gradient_bytes_raw for r in run.ranks if r.device == device)
@@ -51,10 +50,10 @@ def _bytes_table(run: RunData) -> list[str]:
             }
         )
     columns = ["device", "raw MB", "wire MB", "compression ratio"]
-    return [markdown_table(rows, columns, right_aligned=columns[1:])]
+    return markdown_table(rows, columns, right_aligned=columns[1:])
 
 
-def _rank_table(run: RunData) -> list[str]:
+def _rank_table(run: RunData) -> str:
     rows = [
         {
             "rank": rank.rank,
@@ -69,7 +68,7 @@ def _rank_table(run: RunData) -> list[str]:
     ]
     columns = ["rank", "device", "steps", "skipped", "examples", "ms per step", "local ms per step"]
     right = [column for column in columns if column != "device"]
-    return [markdown_table(rows, columns, right_aligned=right)]
+    return markdown_table(rows, columns, right_aligned=right)
 
 
 def write_report(run: RunData, out_dir: Path) -> Path:
@@ -87,7 +86,7 @@ def write_report(run: RunData, out_dir: Path) -> Path:
         "Per-step means leave each rank's first step out where it was recorded: it traces the "
         "step and waits for Horovod's first negotiation.",
     ]
-    tables: Mapping[str, list[str]] = {
+    tables: Mapping[str, str] = {
         "Step time by phase": _phase_table(run),
         "Gradient exchange": _bytes_table(run),
         "Stragglers": _rank_table(run),
@@ -101,7 +100,7 @@ def write_report(run: RunData, out_dir: Path) -> Path:
             write_bytes_atomically(out_dir / view.file_name, figure_png(figure))
             lines.append(f"![{view.heading}]({view.file_name})")
         if view.heading in tables:
-            lines += ["", *tables[view.heading]]
+            lines += ["", tables[view.heading]]
     path = out_dir / "report.md"
     write_text_atomically(path, "\n".join(lines) + "\n")
     return path
