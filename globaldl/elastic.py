@@ -82,9 +82,10 @@ from globaldl.elastic_timeouts import (
     use_gloo_timeouts,
 )
 from globaldl.monitoring import NullObserver, TrainingObserver
+from globaldl.optimizers import optimizer_variables
 from globaldl.run_record import EpochResult, RunTotals, run_summary
 from globaldl.settings import TrainSettings
-from globaldl.trainer import Trainer, optimizer_variables
+from globaldl.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ from globaldl.local_sgd.engine import RoundEngine, build_round_engine
 from globaldl.local_sgd.local_step import build_local_step
 from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
+from globaldl.optimizers import make_optimizer, optimizer_variables
 from globaldl.pipelines import InputPipeline, make_pipeline
 from globaldl.progress import EpochProgress, NoProgress
 from globaldl.run_record import EpochResult, RunTotals, run_summary
@@ -63,25 +64,6 @@ def _configure_threads(local_size: int) -> None:
         # The runtime already started in this process (a trainer built inside a larger
         # program or a test session): it keeps the pools it started with.
         log.info("TensorFlow is already running; its thread pools stay as they are")
-
-
-def _make_optimizer(
-    settings: TrainSettings,
-    learning_rate: float | schedules.WarmupThenDecay,
-    compressor: GradientCompressor,
-) -> keras.optimizers.Optimizer:
-    if settings.optimizer == "adam":
-        return keras.optimizers.Adam(learning_rate=learning_rate)
-    # DGC's momentum correction accumulates momentum inside the compressor, before
-    # sparsification; the optimizer then must not apply momentum a second time.
-    momentum = 0.0 if compressor.applies_momentum else settings.momentum
-    return keras.optimizers.SGD(learning_rate=learning_rate, momentum=momentum)
-
-
-def optimizer_variables(optimizer: keras.optimizers.Optimizer) -> list[tf.Variable]:
-    """The optimizer's own variables (iteration count, slots), in a stable order."""
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
 
 
 class Trainer:
@@ -143,7 +125,7 @@ class Trainer:
             site = load_site_map(settings.sites_file).site_of(own_names())
             self.exchange.use_sites(site)
         self.learning_rate = settings.learning_rate * (self.size if settings.scale_lr else 1)
-        self.optimizer = _make_optimizer(
+        self.optimizer = make_optimizer(
             settings,
             schedules.learning_rate(
                 self.learning_rate,

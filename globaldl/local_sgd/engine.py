@@ -47,6 +47,7 @@ from globaldl.local_sgd.overlap import PendingRound, RoundLedger, run_in_backgro
 from globaldl.local_sgd.round_graph import Contribution, RoundGraph, RoundResult
 from globaldl.local_sgd.schedule import SyncInterval, outer_momentum
 from globaldl.monitoring import PHASES, TrainingObserver
+from globaldl.optimizers import optimizer_variables
 
 if TYPE_CHECKING:  # the trainer imports this module
     from globaldl.run_record import RunTotals
@@ -312,8 +313,6 @@ class RoundEngine:
 
 def build_round_engine(trainer: Trainer) -> RoundEngine:
     """The round engine of a trainer whose settings ask for rounds (`--sync-every` > 1)."""
-    from globaldl.trainer import optimizer_variables
-
     settings = trainer.settings
     momentum = outer_momentum(settings.outer_optimizer, settings.outer_momentum)
     outer = outer_optimizers.get(
