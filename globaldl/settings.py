@@ -70,6 +70,7 @@ class TrainSettings:
     seed: int = 0
     data_dir: Path | None = None
     input_delay_ms: float = 0.0
+    input_delay_rank: int | None = None  # None: every rank's pipeline sleeps
     checkpoint_dir: Path | None = None
     resume: bool = False
     summary: Path | None = None
@@ -144,6 +145,8 @@ class TrainSettings:
             raise SettingsError(
                 f"input_delay_ms {self.input_delay_ms!r} is not allowed; use a number >= 0"
             )
+        if self.input_delay_rank is not None:
+            _check_at_least("input_delay_rank", self.input_delay_rank, 0)
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise SettingsError(
                 f"metrics_port {self.metrics_port!r} is not allowed; use a port in 1..65535"

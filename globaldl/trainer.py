@@ -35,7 +35,7 @@ from globaldl.optimizers import make_optimizer, optimizer_variables
 from globaldl.pipelines import InputPipeline, make_pipeline
 from globaldl.progress import EpochProgress, NoProgress
 from globaldl.run_record import EpochResult, RunTotals, run_summary
-from globaldl.settings import TrainSettings
+from globaldl.settings import SettingsError, TrainSettings
 from globaldl.sites import load_site_map, own_names
 from globaldl.step import CORRECT, LOSS, SKIPPED, WIRE_BYTES, StepParts, build_train_step
 
@@ -78,6 +78,11 @@ class Trainer:
         _configure_threads(self.exchange.local_size)
         self.rank, self.size = self.exchange.rank, self.exchange.size
         self.device = settings.device or socket.gethostname()
+        if settings.input_delay_rank is not None and settings.input_delay_rank >= self.size:
+            raise SettingsError(
+                f"input_delay_rank {settings.input_delay_rank} is not allowed; the run's ranks "
+                f"are 0..{self.size - 1}"
+            )
         keras.utils.set_random_seed(settings.seed)
         self.pipeline: InputPipeline = self._make_pipeline(None)
         spec = self.pipeline.spec
@@ -183,7 +188,9 @@ class Trainer:
             else rank_batch_sizes[self.rank],
             seed=settings.seed,
             data_dir=settings.data_dir,
-            input_delay_ms=settings.input_delay_ms,
+            input_delay_ms=settings.input_delay_ms
+            if settings.input_delay_rank in (None, self.rank)
+            else 0.0,
             rank_batch_sizes=rank_batch_sizes,
         )
 

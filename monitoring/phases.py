@@ -54,6 +54,13 @@ def own_seconds_per_step(
     beyond it was waiting for peers, which the straggler views attribute to the slow rank.
     Mirrored by the recording rule `globaldl:own_phase_seconds_per_step:mean1m`.
 
+    The least mean is the transfer while one rank stays last. When every rank's input is equally
+    slow, which rank runs behind changes during a run (each pipeline's prefetch buffer runs
+    ahead in turn), so every rank spends part of its steps waiting and the least mean still
+    holds some of that. The verdict then may split between data_load and exchange. The least
+    exchange of every step would not, but it needs every rank's times of each step in one place,
+    which neither the exporters nor the summary carry.
+
     `seconds_per_step_by_rank` maps any rank key to its mean seconds per step in each phase
     (all ranks of one run).
     """

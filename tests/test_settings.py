@@ -57,6 +57,7 @@ def test_environment_booleans_and_paths_are_coerced(tmp_path: Path) -> None:
         ({"metrics_port": 70000}, "metrics_port 70000 is not allowed"),
         ({"resume": True}, "resume needs checkpoint_dir"),
         ({"commit_every": 0}, "commit_every 0 is not allowed; use a whole number >= 1"),
+        ({"input_delay_rank": -1}, "input_delay_rank -1 is not allowed; use a whole number >= 0"),
         (
             {"elastic": True, "resume": True, "checkpoint_dir": Path("c")},
             "elastic and resume cannot be combined",

@@ -116,6 +116,13 @@ def train(
             "bottleneck)."
         ),
     ] = None,
+    input_delay_rank: Annotated[
+        int | None,
+        typer.Option(
+            help="Add the input delay on this rank only, a device whose input lags the others' "
+            "(default: every rank)."
+        ),
+    ] = None,
     checkpoint_dir: Annotated[
         Path | None, typer.Option(help="Write a checkpoint here after every epoch.")
     ] = None,

@@ -59,6 +59,22 @@ def test_impossible_batch_size_names_the_numbers(
     assert not summary.exists()
 
 
+def test_input_delay_on_a_rank_the_run_lacks_names_its_ranks(
+    venv_bin: Path, worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    summary = tmp_path / "s.json"
+    completed = _train(
+        venv_bin,
+        worker_env,
+        *("--input-delay-ms", "10", "--input-delay-rank", "1", "--summary", str(summary)),
+    )
+    assert completed.returncode == 2
+    assert _error_lines(completed.stderr) == [
+        "globaldl: error: input_delay_rank 1 is not allowed; the run's ranks are 0..0"
+    ]
+    assert not summary.exists()
+
+
 def test_unwritable_summary_path_fails_before_training(
     venv_bin: Path, worker_env: dict[str, str], tmp_path: Path
 ) -> None:
