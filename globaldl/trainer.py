@@ -78,9 +78,11 @@ class Trainer:
         _configure_threads(self.exchange.local_size)
         self.rank, self.size = self.exchange.rank, self.exchange.size
         self.device = settings.device or socket.gethostname()
-        if settings.input_delay_rank is not None and settings.input_delay_rank >= self.size:
+        # An elastic run's ranks come and go with its devices: there a missing rank is no error.
+        delay_rank = settings.input_delay_rank
+        if delay_rank is not None and delay_rank >= self.size and not settings.elastic:
             raise SettingsError(
-                f"input_delay_rank {settings.input_delay_rank} is not allowed; the run's ranks "
+                f"input_delay_rank {delay_rank} is not allowed; the run's ranks "
                 f"are 0..{self.size - 1}"
             )
         keras.utils.set_random_seed(settings.seed)
