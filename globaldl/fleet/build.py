@@ -35,8 +35,7 @@ def create_fleet(
     links_dir = state_dir / "links"
     for directory in (ssh_dir, devices_dir, links_dir):
         if not directory.exists():
-            directory.mkdir(mode=0o700)
-            state.record("directory", path=str(directory), remove="tree")
+            _mkdir_recorded(state, directory, 0o700, remove="tree")
     sshd.generate_key(identity_file, f"globaldl-fleet-{plan.prefix}")
     authorized_keys = ssh_dir / "authorized_keys"
     authorized_keys.write_text(Path(f"{identity_file}.pub").read_text())
@@ -45,8 +44,7 @@ def create_fleet(
         state.record("directory", path="/run/sshd", remove="sshd_privsep")
     netns_etc = Path("/etc/netns")
     if not netns_etc.exists():
-        netns_etc.mkdir(mode=0o755)
-        state.record("directory", path=str(netns_etc), remove="if_empty")
+        _mkdir_recorded(state, netns_etc, 0o755, remove="if_empty")
     known_hosts = sshd.known_hosts_path()
     state.record(
         "known_hosts",
@@ -226,8 +224,7 @@ def _create_device(
     run(["ip", "-n", netns, "route", "add", "default", "via", plan.host_address])
 
     etc_dir = Path("/etc/netns") / netns
-    etc_dir.mkdir(mode=0o755)
-    state.record("directory", path=str(etc_dir), remove="tree")
+    _mkdir_recorded(state, etc_dir, 0o755, remove="tree")
     # `ip netns exec` bind-mounts this over /etc/hosts: each device resolves its own name
     # (Gloo falls back to the host name) and every other device's.
     hosts_lines = [
@@ -330,6 +327,19 @@ def _create_recorded(state: FleetState, kind: str, name: str, argv: list[str]) -
     if not existing.exists():
         state.record(kind, name=name)
     run(argv)
+
+
+def _mkdir_recorded(state: FleetState, path: Path, mode: int, remove: str) -> None:
+    """Journal a directory, then create it: a `fleet up` killed meanwhile orphans nothing.
+
+    A kill between the two (the journal's save takes milliseconds) leaves a record of a
+    directory that was never made, which the teardown skips, never a directory no record names.
+    One that already exists belongs to someone else: it is not journaled (so never removed),
+    and mkdir fails on it as it would anyway.
+    """
+    if not path.exists():
+        state.record("directory", path=str(path), remove=remove)
+    path.mkdir(mode=mode)
 
 
 def _write_keepalive_config(state: FleetState, log: Log) -> None:
