@@ -317,28 +317,28 @@ def device_authorized_keys(device_dir: Path) -> Path:
     return device_dir / "authorized_keys"
 
 
-def _create_recorded(state: FleetState, kind: str, name: str, argv: list[str]) -> None:
-    """Journal a namespace or link, then create it: a `fleet up` killed meanwhile orphans nothing.
+def _journal_if_new(state: FleetState, existing: Path, kind: str, **fields: str) -> None:
+    """Journal a resource before creating it: a `fleet up` killed meanwhile orphans nothing.
 
-    A name that already exists belongs to someone else: it is not journaled (so never removed),
-    and the command fails on it as it would anyway.
+    A kill between the two (the journal's save takes milliseconds) leaves a record of a
+    resource that was never made, which the teardown skips, never one that no record names.
+    One whose `existing` path is already there belongs to someone else: it is not journaled
+    (so never removed), and its creation fails on it as it would anyway.
     """
-    existing = Path("/run/netns" if kind == "netns" else "/sys/class/net") / name
     if not existing.exists():
-        state.record(kind, name=name)
+        state.record(kind, **fields)
+
+
+def _create_recorded(state: FleetState, kind: str, name: str, argv: list[str]) -> None:
+    """Journal a namespace or link (`_journal_if_new`), then create it with `argv`."""
+    existing = Path("/run/netns" if kind == "netns" else "/sys/class/net") / name
+    _journal_if_new(state, existing, kind, name=name)
     run(argv)
 
 
 def _mkdir_recorded(state: FleetState, path: Path, mode: int, remove: str) -> None:
-    """Journal a directory, then create it: a `fleet up` killed meanwhile orphans nothing.
-
-    A kill between the two (the journal's save takes milliseconds) leaves a record of a
-    directory that was never made, which the teardown skips, never a directory no record names.
-    One that already exists belongs to someone else: it is not journaled (so never removed),
-    and mkdir fails on it as it would anyway.
-    """
-    if not path.exists():
-        state.record("directory", path=str(path), remove=remove)
+    """Journal a directory (`_journal_if_new`), then make it."""
+    _journal_if_new(state, path, "directory", path=str(path), remove=remove)
     path.mkdir(mode=mode)
 
 
