@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from globaldl.fleet.cycle_time import COORDINATION_BYTES_PER_CYCLE
+from globaldl.simulate import run_records
 from globaldl.simulate.engine import TcpModel
 from globaldl.simulate.exchange import (
     ExchangeMode,
@@ -172,21 +173,43 @@ def predict(
 ) -> list[StepEstimate]:
     """Simulated steps of the cases from SimGrid's message times."""
     exchange = parameters.exchange_parameters()
-    return [
-        simulate_steps(
+    estimates = []
+    for case, phases in zip(cases, transfers, strict=True):
+        # A run whose epochs drain its overlapped rounds is simulated round for round, as it
+        # ran (`simulate_steps`).
+        drained = drained_epoch_steps(case.mode, case.workload) is not None
+        estimate = simulate_steps(
             case.fleet,
             case.mode,
             case.workload,
             exchange,
             {name: phase.hops() for name, phase in phases.items()},
-            # A run whose epochs drain its overlapped rounds is simulated round for round, as
-            # it ran (`simulate_steps`).
             max_steps=max(CALIBRATION_STEPS, case.observation.steps)
-            if drained_epoch_steps(case.mode, case.workload) is not None
+            if drained
             else CALIBRATION_STEPS,
         )
-        for case, phases in zip(cases, transfers, strict=True)
-    ]
+        estimates.append(as_measured(case.observation, estimate) if drained else estimate)
+    return estimates
+
+
+def as_measured(observation: Observation, estimate: StepEstimate) -> StepEstimate:
+    """A drained run's simulated step read from the rounds its measured step was read from.
+
+    Its rounds differ by where the epochs end: one that an epoch ends inside waits for the
+    round in flight, and the next ones start out of step with Horovod's cycles. The loop's wall
+    (`run_records.loop_step_seconds`) leaves out the first round, those an epoch's end touches
+    and a last one cut short (`run_records.steady_round_indices`); the simulated step is then
+    the same rounds' mean. A step read from the phases (every round end but the first) keeps
+    the mean of every round but the first, as does a run with no steady round to read.
+    """
+    every, per_epoch = observation.local_steps, observation.epoch_steps
+    if observation.step_measured_by != "loop wall" or per_epoch is None:
+        return estimate
+    rounds = estimate.round_seconds
+    indices = run_records.steady_round_indices(len(rounds), every, per_epoch, observation.steps)
+    if not indices:
+        return estimate
+    return replace(estimate, step_seconds=float(np.mean([rounds[i] for i in indices])) / every)
 
 
 def relative_errors(cases: Sequence[Case], estimates: Sequence[StepEstimate]) -> np.ndarray:

@@ -164,11 +164,11 @@ def loop_step_seconds(summary: dict[str, Any], every: int, per_epoch: int | None
     What the phases leave out is in it: the step's dispatch, the loop's bookkeeping between
     steps and at a round's end (on a device under a CPU quota, a tenth of the round and more).
     With local steps it is the mean of the steady rounds' own seconds (`round_local_seconds`
-    plus `round_sync_seconds`) over their `every` steps: the first round (the traced first step,
-    Horovod's first negotiation) and every round across an epoch's end (validation, the next
-    epoch's input pipeline) left out. Per step, the loop's wall from each step's start to the
-    next one's (`step_wall_seconds`). `per_epoch`: the run's `epoch_steps`. None where the
-    summary records neither (older runs).
+    plus `round_sync_seconds`) over their `every` steps, the rounds `steady_round_indices`
+    keeps: not the first, nor one an epoch's end (validation, the next epoch's input pipeline)
+    touches. Per step, the loop's wall from each step's start to the next one's
+    (`step_wall_seconds`). `per_epoch`: the run's `epoch_steps`. None where the summary
+    records neither (older runs).
     """
     rounds = summary.get("rounds") or {}
     local, sync = rounds.get("round_local_seconds"), rounds.get("round_sync_seconds")
@@ -179,16 +179,35 @@ def loop_step_seconds(summary: dict[str, Any], every: int, per_epoch: int | None
         if not by_steps or per_epoch is None or not local or not sync or len(local) != len(sync):
             return None
         steps = int(summary.get("steps") or 0)
-        # A last round cut short by the run's end has fewer steps: left out too.
-        whole = min(len(local), steps // every)
-        steady = [
-            local[index] + sync[index]
-            for index in range(1, whole)
-            if (index * every) // per_epoch == ((index + 1) * every - 1) // per_epoch
-        ]
+        indices = steady_round_indices(len(local), every, per_epoch, steps)
+        steady = [local[index] + sync[index] for index in indices]
         return float(np.mean(steady)) / every if steady else None
     steps = int(summary.get("step_wall_steps") or 0)
     return float(summary["step_wall_seconds"]) / steps if steps > 0 else None
+
+
+def steady_round_indices(rounds: int, every: int, per_epoch: int, steps: int) -> list[int]:
+    """The rounds a run's steady round is read from, of its first `rounds` rounds of `every` steps.
+
+    Left out: the first round (the traced first step, Horovod's first negotiation), a last
+    round cut short by the run's `steps`, and every round an epoch's end touches: one it falls
+    inside, one it ends with (measured: such a round's exchange waited 15 s where the others'
+    took 1.8 s) and one that starts right after it (the epoch's end, its validation and a
+    drained round in flight, is timed in that round's local steps: `RoundEngine.end_round`
+    starts the next round's clock before the loop ends the epoch). The simulator's rounds of a
+    run are read by the same rule (`calibration.as_measured`), so both sides average the same
+    rounds.
+
+    >>> steady_round_indices(10, 4, 12, 40)  # epochs end after steps 12, 24 and 36
+    [1, 4, 7]
+    """
+    whole = min(rounds, steps // every)
+    return [
+        index
+        for index in range(1, whole)
+        # No epoch end among steps first..last, nor right before the first one.
+        if (index * every - 1) // per_epoch == ((index + 1) * every) // per_epoch
+    ]
 
 
 def codec_name(compression: dict[str, Any]) -> str:

@@ -104,6 +104,11 @@ class StepEstimate:
     longest_wait_in: str
     timed_out: bool
     simulated_steps: int
+    # Each simulated round's wall as the training loop sees it, from the end of the round before
+    # (the loop's own round end: the collective's end, or with overlap its compute done and the
+    # round before's exchange back) to its own: a run's `round_local_seconds` plus
+    # `round_sync_seconds`.
+    round_seconds: tuple[float, ...] = ()
 
     @property
     def exchange_seconds(self) -> float:
@@ -210,7 +215,7 @@ def simulate_steps(
     quota_bound = bool(np.any(cpu.binding))
     min_measured = QUOTA_PERIODS_MEASURED * CFS_PERIOD_SECONDS if quota_bound else 0.0
     compute_end = previous_end = older_end = np.zeros(ranks)
-    durations, parts = [], []
+    durations, parts, loop_ends = [], [], []
     # With overlap, every epoch's end drains the round in flight (`RoundEngine.drain`: the loop
     # waits for it, so that validation sees every finished round): a round whose steps an epoch
     # ends inside stops there until the round before has finished; a round that ends with an
@@ -284,6 +289,9 @@ def simulate_steps(
                 float(np.mean(work + comm_cpu)),
             )
         )
+        # With overlap the loop ends a round once its compute is done and the round before's
+        # exchange is back (`RoundEngine.end_round` waits for it, then submits this one's).
+        loop_ends.append(float(max(ready[0], previous_end[0]) if mode.overlap else finish[0]))
         older_end, previous_end = previous_end, finish
         if per_epoch is None and _steady(durations, min_measured):
             break
@@ -310,6 +318,7 @@ def simulate_steps(
         longest_wait_in=loops.longest_wait_in,
         timed_out=bool(loops.longest_wait > parameters.gloo_timeout_seconds),
         simulated_steps=len(durations) * local_steps,
+        round_seconds=tuple(np.diff(loop_ends, prepend=0.0).tolist()),
     )
 
 

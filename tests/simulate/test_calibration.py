@@ -8,6 +8,7 @@ import pytest
 from globaldl.fleet.profiles import LinkProfile
 from globaldl.simulate.calibration import (
     SimParameters,
+    as_measured,
     calibrate,
     evaluate,
     observation_fleet,
@@ -17,7 +18,8 @@ from globaldl.simulate.calibration import (
 )
 from globaldl.simulate.fleetdata import load_observations, observation_from_run
 from globaldl.simulate.outputs import DEFAULT_OUT_DIR, PARAMETERS_FILE
-from globaldl.simulate.run_records import burst_cpu_seconds
+from globaldl.simulate.run_records import burst_cpu_seconds, steady_round_indices
+from globaldl.simulate.steps import StepEstimate
 
 # The small subset CI re-simulates: LeNet in the devices experiment, 2 and 4 devices.
 CI_LABELS = {
@@ -167,15 +169,16 @@ def test_the_loop_wall_is_the_step_to_hit_where_the_summary_records_it():
     assert observation.step_measured_by == "loop wall"
     assert observation_from_run("test", _run()).step_measured_by == "phases"
     # In rounds of 4 over 2 epochs of 10 steps: rounds 0-4 cover steps 0-3, 4-7, 8-11 (the
-    # first epoch's end inside), 12-15, 16-19. Round 0 (first negotiation) and round 2 (the
-    # epoch's end: validation, the next epoch's input) are left out; the rest average 2.0 s.
+    # first epoch's end inside), 12-15, 16-19 (the second epoch's end with its last step).
+    # Round 0 (first negotiation) and rounds 2 and 4 (the epochs' ends: validation, the next
+    # epoch's input, peers finishing theirs) are left out; rounds 1 and 3 average 2.0 s.
     run = _run()
     run["summary"] |= {"steps": 20, "epochs": 2}
     run["summary"]["rounds"] = {"sync_every": "4", "overlap": False, "rounds": 5}
-    run["summary"]["rounds"] |= {"sync_seconds": 9.0, "first_round_sync_seconds": 3.0}
+    run["summary"]["rounds"] |= {"sync_seconds": 22.0, "first_round_sync_seconds": 3.0}
     run["summary"]["rounds"] |= {
         "round_local_seconds": [5.0, 0.5, 9.0, 0.4, 0.6],
-        "round_sync_seconds": [3.0, 1.5, 1.5, 1.6, 1.4],
+        "round_sync_seconds": [3.0, 1.5, 1.5, 1.6, 14.4],
     }
     observation = observation_from_run("test", run)
     assert observation.step_seconds == pytest.approx(2.0 / 4)
@@ -186,14 +189,73 @@ def test_the_loop_wall_is_the_step_to_hit_where_the_summary_records_it():
         "test", run | {"summary": run["summary"] | {"resumed_from_epoch": 1}}
     )
     assert resumed.epoch_steps is None and resumed.step_measured_by == "phases"
-    # A sixth, partial round (the run's last 2 steps) is not a steady one.
+    # 22 steps in 2 epochs of 11: round 4 (steps 16-19) is steady now, a sixth, partial round
+    # (the run's last 2 steps) is not.
     run["summary"]["steps"] = 22
+    run["summary"]["rounds"]["round_sync_seconds"][4] = 1.4
     run["summary"]["rounds"]["round_local_seconds"].append(0.1)
-    run["summary"]["rounds"]["round_sync_seconds"].append(1.5)
+    run["summary"]["rounds"]["round_sync_seconds"].append(20.0)
     assert observation_from_run("test", run).step_seconds == pytest.approx(2.0 / 4)
     # Rounds by wall-clock time do not say where an epoch ended: the phases, as before.
     run["summary"]["rounds"]["sync_every"] = "2s"
     assert observation_from_run("test", run).step_measured_by == "phases"
+
+
+def test_a_steady_round_is_one_no_epoch_end_touches():
+    # Rounds of 4, epochs of 12 steps (ends after steps 12, 24, 36), 40 steps.
+    assert steady_round_indices(10, 4, 12, 40) == [1, 4, 7]
+    # Round 2 (steps 8-11) ends with the epoch, round 3 (12-15) starts right after it: the
+    # epoch's end is in the one's exchange wait or the other's local steps.
+    assert 2 not in steady_round_indices(10, 4, 12, 40)
+    assert 3 not in steady_round_indices(10, 4, 12, 40)
+    # Epochs of 62 in rounds of 16 end inside rounds 3, 7, ...; the run's end (496 steps)
+    # with round 30's last step.
+    kept = steady_round_indices(31, 16, 62, 496)
+    assert {3, 7, 11, 15, 19, 23, 27, 30}.isdisjoint(kept) and len(kept) == 22
+    # Fewer recorded rounds than the steps make, or a last round cut short: only whole ones.
+    assert steady_round_indices(3, 4, 12, 40) == [1]
+    assert steady_round_indices(10, 4, 100, 38) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_a_drained_runs_simulated_step_is_read_from_the_rounds_its_measured_step_was():
+    run = _run()
+    run["summary"] |= {"steps": 40, "epochs": 4, "step_wall_seconds": 0.0}
+    run["summary"]["rounds"] = {"sync_every": "4", "overlap": True, "rounds": 10}
+    run["summary"]["rounds"] |= {"sync_seconds": 9.0, "first_round_sync_seconds": 0.0}
+    run["summary"]["rounds"] |= {
+        "round_local_seconds": [0.5] * 10,
+        "round_sync_seconds": [1.5] * 10,
+    }
+    observation = observation_from_run("test", run)
+    assert observation.step_measured_by == "loop wall" and observation.epoch_steps == 10
+    # Epochs of 10 steps in rounds of 4: rounds 1, 3, 6 and 8 are the steady ones, as measured.
+    walls = (9.0, 2.0, 5.0, 3.0, 5.0, 5.0, 4.0, 5.0, 3.0, 5.0)
+    estimate = _estimate_of(step_seconds=1.0, round_seconds=walls)
+    assert as_measured(observation, estimate).step_seconds == pytest.approx(3.0 / 4)
+    # A step read from the phases keeps the simulator's own mean; so does a run with no
+    # steady round to read.
+    by_phases = observation_from_run("test", run | {"summary": run["summary"] | {"epochs": 0}})
+    assert as_measured(by_phases, estimate).step_seconds == 1.0
+    short = _estimate_of(step_seconds=1.0, round_seconds=(9.0,))
+    assert as_measured(observation, short).step_seconds == 1.0
+
+
+def _estimate_of(step_seconds, round_seconds):
+    return StepEstimate(
+        step_seconds=step_seconds,
+        compute_seconds=0.0,
+        coordination_seconds=0.0,
+        collective_seconds=0.0,
+        cycles_per_step=0.0,
+        cpu_seconds_per_step=0.0,
+        device_tx_bytes_per_step=0.0,
+        max_device_tx_bytes_per_step=0.0,
+        longest_wait_seconds=0.0,
+        longest_wait_in="",
+        timed_out=False,
+        simulated_steps=len(round_seconds),
+        round_seconds=round_seconds,
+    )
 
 
 def test_one_host_keeps_one_machine_name_whether_or_not_its_runs_recorded_the_cpu_signature():

@@ -406,6 +406,23 @@ def test_an_epochs_end_drains_the_overlapped_round_in_flight():
     ).step_seconds == pytest.approx(plain.step_seconds)
 
 
+def test_each_rounds_wall_is_timed_from_the_loops_round_end_to_the_next():
+    # Without overlap the loop ends a round with its collective: every round alike.
+    plain = _estimate(ExchangeMode("local", local_steps=8), compute=0.1)
+    assert plain.round_seconds == pytest.approx([plain.step_seconds * 8] * 3)
+    # With overlap it ends one once its compute is done and the round before's exchange is
+    # back: the first round is its compute alone (0.8 s), later ones wait for the exchange.
+    overlapped = ExchangeMode("local", local_steps=8, overlap=True)
+    hidden = _estimate(overlapped, compute=0.1)
+    assert hidden.round_seconds[0] == pytest.approx(0.8)
+    assert hidden.round_seconds[-1] == pytest.approx(hidden.step_seconds * 8)
+    # Epochs of 12 steps: the round after the one an epoch ends with (steps 24-31) starts
+    # with the drain's wait for that round's exchange, and is the longest.
+    drained = _estimate(overlapped, compute=0.1, epoch_steps=12)
+    assert len(drained.round_seconds) == 5
+    assert max(drained.round_seconds) == drained.round_seconds[3] > hidden.step_seconds * 8
+
+
 def test_an_epoch_end_is_found_inside_a_round_or_at_its_end():
     assert _epoch_ends(0, 64, 31) == (31, False)  # steps 0-63: the first epoch ends after 31
     assert _epoch_ends(1, 64, 31) == (29, False)  # steps 64-127: after 93, 29 steps in
