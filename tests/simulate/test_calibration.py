@@ -171,7 +171,7 @@ def test_the_loop_wall_is_the_step_to_hit_where_the_summary_records_it():
     # In rounds of 4 over 2 epochs of 10 steps: rounds 0-4 cover steps 0-3, 4-7, 8-11 (the
     # first epoch's end inside), 12-15, 16-19 (the second epoch's end with its last step).
     # Round 0 (first negotiation) and rounds 2 and 4 (the epochs' ends: validation, the next
-    # epoch's input, peers finishing theirs) are left out; rounds 1 and 3 average 2.0 s.
+    # epoch's input) are left out; rounds 1 and 3 average 2.0 s.
     run = _run()
     run["summary"] |= {"steps": 20, "epochs": 2}
     run["summary"]["rounds"] = {"sync_every": "4", "overlap": False, "rounds": 5}
@@ -234,7 +234,9 @@ def test_a_drained_runs_simulated_step_is_read_from_the_rounds_its_measured_step
     assert as_measured(observation, estimate).step_seconds == pytest.approx(3.0 / 4)
     # A step read from the phases keeps the simulator's own mean; so does a run with no
     # steady round to read.
-    by_phases = observation_from_run("test", run | {"summary": run["summary"] | {"epochs": 0}})
+    older = run["summary"] | {"rounds": run["summary"]["rounds"] | {"round_local_seconds": []}}
+    by_phases = observation_from_run("test", run | {"summary": older})
+    assert by_phases.step_measured_by == "phases" and by_phases.epoch_steps == 10
     assert as_measured(by_phases, estimate).step_seconds == 1.0
     short = _estimate_of(step_seconds=1.0, round_seconds=(9.0,))
     assert as_measured(observation, short).step_seconds == 1.0
