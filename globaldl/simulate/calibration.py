@@ -202,14 +202,13 @@ def as_measured(observation: Observation, estimate: StepEstimate) -> StepEstimat
     the same rounds' mean. A step read from the phases (every round end but the first) keeps
     the mean of every round but the first, as does a run with no steady round to read.
     """
-    every, per_epoch = observation.local_steps, observation.epoch_steps
+    per_epoch = observation.epoch_steps
     if observation.step_measured_by != "loop wall" or per_epoch is None:
         return estimate
-    rounds = estimate.round_seconds
-    indices = run_records.steady_round_indices(len(rounds), every, per_epoch, observation.steps)
-    if not indices:
-        return estimate
-    return replace(estimate, step_seconds=float(np.mean([rounds[i] for i in indices])) / every)
+    step = run_records.steady_step_seconds(
+        estimate.round_seconds, observation.local_steps, per_epoch, observation.steps
+    )
+    return estimate if step is None else replace(estimate, step_seconds=step)
 
 
 def relative_errors(cases: Sequence[Case], estimates: Sequence[StepEstimate]) -> np.ndarray:

@@ -11,6 +11,7 @@ devices' share of the host (`host_cores`), the host's name (`machine_name`), its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -178,12 +179,22 @@ def loop_step_seconds(summary: dict[str, Any], every: int, per_epoch: int | None
         by_steps = str(rounds.get("sync_every", "")).isdigit()
         if not by_steps or per_epoch is None or not local or not sync or len(local) != len(sync):
             return None
-        steps = int(summary.get("steps") or 0)
-        indices = steady_round_indices(len(local), every, per_epoch, steps)
-        steady = [local[index] + sync[index] for index in indices]
-        return float(np.mean(steady)) / every if steady else None
+        walls = [own + wait for own, wait in zip(local, sync, strict=True)]
+        return steady_step_seconds(walls, every, per_epoch, int(summary.get("steps") or 0))
     steps = int(summary.get("step_wall_steps") or 0)
     return float(summary["step_wall_seconds"]) / steps if steps > 0 else None
+
+
+def steady_step_seconds(
+    round_walls: Sequence[float], every: int, per_epoch: int, steps: int
+) -> float | None:
+    """The steady rounds' mean wall over their `every` steps (`steady_round_indices`).
+
+    `round_walls` are a run's rounds in order, measured or simulated; None when no round is
+    steady.
+    """
+    indices = steady_round_indices(len(round_walls), every, per_epoch, steps)
+    return float(np.mean([round_walls[index] for index in indices])) / every if indices else None
 
 
 def steady_round_indices(rounds: int, every: int, per_epoch: int, steps: int) -> list[int]:
@@ -191,12 +202,12 @@ def steady_round_indices(rounds: int, every: int, per_epoch: int, steps: int) ->
 
     Left out: the first round (the traced first step, Horovod's first negotiation), a last
     round cut short by the run's `steps`, and every round an epoch's end touches: one it falls
-    inside, one it ends with (measured: such a round's exchange waited 15 s where the others'
-    took 1.8 s) and one that starts right after it (the epoch's end, its validation and a
-    drained round in flight, is timed in that round's local steps: `RoundEngine.end_round`
-    starts the next round's clock before the loop ends the epoch). The simulator's rounds of a
-    run are read by the same rule (`calibration.as_measured`), so both sides average the same
-    rounds.
+    inside, one it ends with (rounds-host's first H = 4 run: such a round's exchange waited
+    15 s where the others' took 1.8 s) and one that starts right after it (the epoch's end, its
+    validation and a drained round in flight, is timed in that round's local steps:
+    `RoundEngine.end_round` starts the next round's clock before the loop ends the epoch). The
+    simulator's rounds of a run are read by the same rule (`calibration.as_measured`), so both
+    sides average the same rounds.
 
     >>> steady_round_indices(10, 4, 12, 40)  # epochs end after steps 12, 24 and 36
     [1, 4, 7]
