@@ -195,8 +195,10 @@ def summarize(
 
     A flight is a run of samples in which bytes left, no two sends further apart than
     `FLIGHT_PAUSE_SECONDS`; its rate is its bytes over the time from the sample before its
-    first send to its last (accurate to a sampling interval at each end). The pacing rate and
-    BBR's estimate are taken in the samples in which bytes left.
+    first send to its last (accurate to a sampling interval at each end). Bytes count when TCP
+    hands them to the interface's queue, so a flow that keeps a shaped link's queue full can
+    send faster than the link within a flight (it pauses while the queue drains). The pacing
+    rate and BBR's estimate are taken in the samples in which bytes left.
     """
     if not min_bytes >= 0:
         raise ValueError(f"min_bytes must be >= 0, got {min_bytes!r}")
