@@ -113,6 +113,28 @@ def _rank_totals(trainer: Trainer, totals: RunTotals) -> list[dict[str, Any]]:
     ]
 
 
+def _rank_round_times(trainer: Trainer) -> list[list[list[float | None]]]:
+    """Every rank's [handed, back] clock times per round (`RoundTotals`), in rank order."""
+    assert trainer.rounds is not None
+    totals = trainer.rounds.totals
+    own = np.array(
+        [
+            [handed, np.nan if back is None else back]
+            for handed, back in zip(totals.round_handed_unix, totals.round_back_unix, strict=True)
+        ],
+        np.float64,
+    ).reshape(-1, 2)
+    counts = trainer.exchange.gather_across_ranks(
+        tf.constant([len(own)], tf.int64), "round_time_counts"
+    ).numpy()
+    rows = trainer.exchange.gather_across_ranks(tf.constant(own), "round_times").numpy()
+    ranks = np.split(rows, np.cumsum(counts)[:-1])
+    return [
+        [[float(value) if np.isfinite(value) else None for value in row] for row in rank]
+        for rank in ranks
+    ]
+
+
 def _exchange_fields(trainer: Trainer) -> dict[str, Any]:
     """Which collective ran, read from the compressor's wire declaration (`wire`).
 
@@ -223,7 +245,11 @@ def run_summary(
             gradient_bytes_wire=totals.gradient_bytes_wire,
             raw_bytes_per_step=trainer.compressor.raw_bytes_per_step,
             batch_size=trainer.batch_size,
-            engine_fields=trainer.rounds.summary() if trainer.rounds else None,
+            engine_fields=(
+                trainer.rounds.summary() | {"rank_round_unix_seconds": _rank_round_times(trainer)}
+                if trainer.rounds
+                else None
+            ),
         ),
         "resumed_from_epoch": first_epoch if settings.resume else None,
         "devices": devices,

@@ -73,6 +73,12 @@ class RoundTotals:
     # ends just before or just after one of Horovod's coordination cycles begins.
     round_local_seconds: list[float] = field(default_factory=list)
     round_sync_seconds: list[float] = field(default_factory=list)
+    # Each round's clock times on this device (Unix seconds; every device of an emulated fleet
+    # reads one clock): when the loop handed its delta to the exchange, and when the exchange's
+    # result was back here (None until it is). Set side by side across ranks, they show which
+    # device a round waited for.
+    round_handed_unix: list[float] = field(default_factory=list)
+    round_back_unix: list[float | None] = field(default_factory=list)
 
 
 class RoundEngine:
@@ -174,8 +180,12 @@ class RoundEngine:
         local_seconds = time.perf_counter() - self.round_started
         contribution = self._contribution()
         index = self.ledger.submit()
+        position = len(self.totals.round_handed_unix)
+        self.totals.round_handed_unix.append(time.time())
+        self.totals.round_back_unix.append(None)
         if not self.overlap:
             result, apply_seconds = self.graph.sync_round(contribution)
+            self.totals.round_back_unix[position] = time.time()
             self._applied(index, result)
             seconds = dict(zip(SYNC_PHASES, result.phase_seconds.numpy().tolist(), strict=True))
             seconds["apply"] = float(apply_seconds)
@@ -192,7 +202,9 @@ class RoundEngine:
                 # Traced here, not on the background thread, where the loop would wait for it
                 # (the steps' and the in-place rounds' tracing is untimed too).
                 self.graph.exchange_round.get_concrete_function(*arguments)
+            self.totals.round_handed_unix[position] = time.time()
             future = run_in_background(self.graph.exchange_round, *arguments)
+            future.add_done_callback(lambda _: self._back(position))
             self.pending = PendingRound(index, future)
             seconds = {"exchange": waited, "apply": float(turn.seconds)}
         sync_seconds = self._report(observer, totals, seconds, result)
@@ -201,6 +213,10 @@ class RoundEngine:
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.round_started = time.perf_counter()
+
+    def _back(self, position: int) -> None:
+        """The exchange handed over at round end `position` is back (the exchange thread)."""
+        self.totals.round_back_unix[position] = time.time()
 
     def drain(self, observer: TrainingObserver, totals: RunTotals) -> None:
         """Wait for the round in flight and apply it; keep this round's progress on top.

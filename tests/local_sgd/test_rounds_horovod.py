@@ -64,6 +64,17 @@ def test_rounds_end_with_identical_weights_on_every_rank(runs: dict[str, Any]) -
     assert rounds["round_sync_seconds"][1] == pytest.approx(
         rounds["first_round_sync_seconds"], abs=1e-6
     )
+    # Every rank's clock times per round: no rank has a round's result before the last rank
+    # handed its delta over, and each rank hands its rounds over in order.
+    times = rounds["rank_round_unix_seconds"]
+    assert [len(rank) for rank in times] == [5, 5]
+    for index in range(5):
+        handed = [rank[index][0] for rank in times]
+        back = [rank[index][1] for rank in times]
+        assert None not in back
+        assert max(handed) <= min(back)
+    for rank in times:
+        assert [handed for handed, _ in rank] == sorted(handed for handed, _ in rank)
 
 
 def test_a_run_resumed_mid_round_ends_as_the_uninterrupted_one(runs: dict[str, Any]) -> None:
