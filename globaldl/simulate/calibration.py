@@ -15,6 +15,7 @@ each held-out experiment's configurations as the fleet did.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
@@ -43,6 +44,8 @@ from globaldl.simulate.steps import StepEstimate, Workload, drained_epoch_steps,
 # delayed lte links, in sites or each on its own (sites).
 CALIBRATION_EXPERIMENTS = ("ablation", "bottleneck", "latency")
 MAX_MEDIAN_ERROR = 0.10
+# Two simulated steps this close are one: which way rounding tips them orders nothing.
+SIMULATED_TIE_TOLERANCE = 1e-9
 # Steps simulated per run at most (fewer when the round time is steady sooner).
 CALIBRATION_STEPS = 40
 GRIDS: dict[str, tuple[float, ...]] = {
@@ -197,16 +200,21 @@ def as_measured(observation: Observation, estimate: StepEstimate) -> StepEstimat
 
     Its rounds differ by where the epochs end: one that an epoch ends inside waits for the
     round in flight, and the next ones start out of step with Horovod's cycles. The loop's wall
-    (`run_records.loop_step_seconds`) leaves out the first round, those an epoch's end touches
-    and a last one cut short (`run_records.steady_round_indices`); the simulated step is then
-    the same rounds' mean. A step read from the phases (every round end but the first) keeps
+    (`run_records.loop_step_seconds`) leaves out the first round, those an epoch's end touches,
+    a last one cut short and, overlapped, each round that waits for the exchange of one of
+    these (`run_records.steady_round_indices`); the simulated step is then the same rounds'
+    mean. A step read from the phases (every round end but the first) keeps
     the mean of every round but the first, as does a run with no steady round to read.
     """
     per_epoch = observation.epoch_steps
     if observation.step_measured_by != "loop wall" or per_epoch is None:
         return estimate
     step = run_records.steady_step_seconds(
-        estimate.round_seconds, observation.local_steps, per_epoch, observation.steps
+        estimate.round_seconds,
+        observation.local_steps,
+        per_epoch,
+        observation.steps,
+        overlap=True,  # a drained run is an overlapped one (`drained_epoch_steps`)
     )
     return estimate if step is None else replace(estimate, step_seconds=step)
 
@@ -371,12 +379,13 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     A configuration is a run label; its repeats (the benchmark protocol's) count once, with the
     median of their measured and of their simulated step times, so two repeats of one
     configuration are never a pair. A pair is discordant when the fleet measured one
-    configuration faster and the simulator says it is slower; every such pair counts against
-    the target. Two counts say how firmly the fleet ordered the discordant pairs: those whose
-    measured medians differ by less than 10%, and those whose repeats' measured ranges overlap
-    (both configurations with at least two repeats: the fleet's own runs order them either
-    way). A configuration with one repeat shows no spread, so its pairs never count as
-    overlapping.
+    configuration faster and the simulator says it is slower, or gives both the same step (to
+    a billionth: which way rounding tips such a tie orders nothing); every such pair counts
+    against the target, and `discordant_simulated_ties` says how many are ties. Two counts say
+    how firmly the fleet ordered the discordant pairs: those whose measured medians differ by
+    less than 10%, and those whose repeats' measured ranges overlap (both configurations with
+    at least two repeats: the fleet's own runs order them either way). A configuration with
+    one repeat shows no spread, so its pairs never count as overlapping.
 
     The fleet's runs of one experiment were not all taken on one machine, and the hosts of
     these virtual machines differ (the same video run took 4.7-15x longer a step on one than
@@ -410,14 +419,18 @@ def ranking_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "configurations": len(members),
                 "pairs": pairs,
                 "discordant_pairs": len(discordant),
+                "discordant_simulated_ties": sum(1 for pair in discordant if pair.tie),
                 "discordant_within_10_percent": sum(1 for pair in discordant if pair.gap < 0.10),
                 "discordant_ranges_overlap": sum(1 for pair in discordant if pair.overlap),
                 "pairs_on_one_machine": len(same_machine_pairs),
                 "discordant_on_one_machine": len(same_machine_discordant),
                 "kendall_tau": 1 - 2 * len(discordant) / pairs if pairs else 1.0,
                 "discordant": [
-                    f"{a} vs {b} (fleet gap {gap:.0%}{', ranges overlap' if overlap else ''})"
-                    for a, b, gap, overlap in discordant
+                    f"{pair.first} vs {pair.second} (fleet gap {pair.gap:.0%}"
+                    + (", ranges overlap" if pair.overlap else "")
+                    + (", simulated tie" if pair.tie else "")
+                    + ")"
+                    for pair in discordant
                 ],
             }
         )
@@ -430,12 +443,17 @@ def _discordant_pairs(members: Sequence[dict[str, Any]]) -> list[_Discordant]:
     for first, second in itertools.combinations(members, 2):
         measured = first["measured_step_seconds"] - second["measured_step_seconds"]
         simulated = first["simulated_step_seconds"] - second["simulated_step_seconds"]
-        if measured * simulated < 0:
+        tie = math.isclose(
+            first["simulated_step_seconds"],
+            second["simulated_step_seconds"],
+            rel_tol=SIMULATED_TIE_TOLERANCE,
+        )
+        if measured * simulated < 0 or (measured != 0 and tie):
             gap = abs(measured) / min(
                 first["measured_step_seconds"], second["measured_step_seconds"]
             )
             discordant.append(
-                _Discordant(first["label"], second["label"], gap, _overlap(first, second))
+                _Discordant(first["label"], second["label"], gap, _overlap(first, second), tie)
             )
     return discordant
 
@@ -447,6 +465,7 @@ class _Discordant(NamedTuple):
     second: str
     gap: float  # the measured medians' difference over the faster one's
     overlap: bool  # the fleet's repeats order them both ways
+    tie: bool = False  # the simulator gives both the same step
 
 
 def _overlap(first: dict[str, Any], second: dict[str, Any]) -> bool:

@@ -180,24 +180,28 @@ def loop_step_seconds(summary: dict[str, Any], every: int, per_epoch: int | None
         if not by_steps or per_epoch is None or not local or not sync or len(local) != len(sync):
             return None
         walls = [own + wait for own, wait in zip(local, sync, strict=True)]
-        return steady_step_seconds(walls, every, per_epoch, int(summary.get("steps") or 0))
+        return steady_step_seconds(
+            walls, every, per_epoch, int(summary.get("steps") or 0), bool(rounds.get("overlap"))
+        )
     steps = int(summary.get("step_wall_steps") or 0)
     return float(summary["step_wall_seconds"]) / steps if steps > 0 else None
 
 
 def steady_step_seconds(
-    round_walls: Sequence[float], every: int, per_epoch: int, steps: int
+    round_walls: Sequence[float], every: int, per_epoch: int, steps: int, overlap: bool = False
 ) -> float | None:
     """The steady rounds' mean wall over their `every` steps (`steady_round_indices`).
 
     `round_walls` are a run's rounds in order, measured or simulated; None when no round is
     steady.
     """
-    indices = steady_round_indices(len(round_walls), every, per_epoch, steps)
+    indices = steady_round_indices(len(round_walls), every, per_epoch, steps, overlap)
     return float(np.mean([round_walls[index] for index in indices])) / every if indices else None
 
 
-def steady_round_indices(rounds: int, every: int, per_epoch: int, steps: int) -> list[int]:
+def steady_round_indices(
+    rounds: int, every: int, per_epoch: int, steps: int, overlap: bool = False
+) -> list[int]:
     """The rounds a run's steady round is read from, of its first `rounds` rounds of `every` steps.
 
     Left out: the first round (the traced first step, Horovod's first negotiation), a last
@@ -209,16 +213,28 @@ def steady_round_indices(rounds: int, every: int, per_epoch: int, steps: int) ->
     simulator's rounds of a run are read by the same rule (`calibration.as_measured`), so both
     sides average the same rounds.
 
+    With `overlap` a round's wall holds the wait for the round before's exchange, so the round
+    before must be steady too: round 1 waits for the first round's exchange, Horovod's first
+    negotiation (rounds-host's dense H = 16 runs: 3.8-4.8 s where the others take 2.8 s), and the
+    round after one an epoch ends inside waits for an exchange handed over after validation
+    (0.14-0.19 s longer).
+
     >>> steady_round_indices(10, 4, 12, 40)  # epochs end after steps 12, 24 and 36
     [1, 4, 7]
+    >>> steady_round_indices(10, 4, 100, 40, overlap=True)
+    [2, 3, 4, 5, 6, 7, 8, 9]
     """
     whole = min(rounds, steps // every)
-    return [
+    clean = [
         index
         for index in range(1, whole)
         # No epoch end among steps first..last, nor right before the first one.
         if (index * every - 1) // per_epoch == ((index + 1) * every) // per_epoch
     ]
+    if overlap:
+        kept = set(clean)
+        return [index for index in clean if index - 1 in kept]
+    return clean
 
 
 def codec_name(compression: dict[str, Any]) -> str:

@@ -217,9 +217,23 @@ def test_a_steady_round_is_one_no_epoch_end_touches():
     assert steady_round_indices(10, 4, 100, 38) == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
+def test_an_overlapped_round_is_steady_only_after_a_steady_round():
+    # With overlap a round's wall holds the wait for the round before's exchange: round 1 waits
+    # for the first exchange (Horovod's first negotiation), and the round after one an epoch
+    # ends inside waits for an exchange handed over after validation.
+    plain = steady_round_indices(31, 16, 62, 496)
+    overlapped = steady_round_indices(31, 16, 62, 496, overlap=True)
+    assert {1, 4, 8, 12, 16, 20, 24, 28} <= set(plain)
+    assert {1, 4, 8, 12, 16, 20, 24, 28}.isdisjoint(overlapped)
+    assert set(overlapped) == set(plain) - {1, 4, 8, 12, 16, 20, 24, 28}
+    # Rounds of 4 in epochs of 12: every round no epoch end touches (1, 4, 7) comes right after
+    # one that an epoch end touches, so none is steady.
+    assert steady_round_indices(10, 4, 12, 40, overlap=True) == []
+
+
 def test_a_drained_runs_simulated_step_is_read_from_the_rounds_its_measured_step_was():
     run = _run()
-    run["summary"] |= {"steps": 40, "epochs": 4, "step_wall_seconds": 0.0}
+    run["summary"] |= {"steps": 40, "epochs": 2, "step_wall_seconds": 0.0}
     run["summary"]["rounds"] = {"sync_every": "4", "overlap": True, "rounds": 10}
     run["summary"]["rounds"] |= {"sync_seconds": 9.0, "first_round_sync_seconds": 0.0}
     run["summary"]["rounds"] |= {
@@ -227,16 +241,18 @@ def test_a_drained_runs_simulated_step_is_read_from_the_rounds_its_measured_step
         "round_sync_seconds": [1.5] * 10,
     }
     observation = observation_from_run("test", run)
-    assert observation.step_measured_by == "loop wall" and observation.epoch_steps == 10
-    # Epochs of 10 steps in rounds of 4: rounds 1, 3, 6 and 8 are the steady ones, as measured.
-    walls = (9.0, 2.0, 5.0, 3.0, 5.0, 5.0, 4.0, 5.0, 3.0, 5.0)
+    assert observation.step_measured_by == "loop wall" and observation.epoch_steps == 20
+    # Epochs of 20 steps in rounds of 4: rounds 1-3 and 6-8 no epoch end touches; overlapped,
+    # rounds 1 and 6 wait for the exchange of a round that is not steady. The steady ones are
+    # rounds 2, 3, 7 and 8, as measured.
+    walls = (9.0, 6.0, 2.0, 4.0, 5.0, 5.0, 7.0, 3.0, 3.0, 5.0)
     estimate = _estimate_of(step_seconds=1.0, round_seconds=walls)
     assert as_measured(observation, estimate).step_seconds == pytest.approx(3.0 / 4)
     # A step read from the phases keeps the simulator's own mean; so does a run with no
     # steady round to read.
     older = run["summary"] | {"rounds": run["summary"]["rounds"] | {"round_local_seconds": []}}
     by_phases = observation_from_run("test", run | {"summary": older})
-    assert by_phases.step_measured_by == "phases" and by_phases.epoch_steps == 10
+    assert by_phases.step_measured_by == "phases" and by_phases.epoch_steps == 20
     assert as_measured(by_phases, estimate).step_seconds == 1.0
     short = _estimate_of(step_seconds=1.0, round_seconds=(9.0,))
     assert as_measured(observation, short).step_seconds == 1.0
@@ -374,6 +390,20 @@ def test_rankings_count_pairs_the_simulator_orders_unlike_the_fleet():
     [check] = ranking_checks(repeated)
     assert check["configurations"] == 3 and check["pairs"] == 3
     assert check["discordant"] == ["a vs b (fleet gap 100%)"]
+    # The simulator giving two configurations the fleet ordered one step (to rounding's last
+    # digit, either way) orders them no better: it counts against the target, named a tie.
+    for other in (1.1 * (1 + 1e-15), 1.1 * (1 - 1e-15)):
+        tied = [*rows, rows[0] | {"label": "d", "measured_step_seconds": 1.5}]
+        tied[-1]["simulated_step_seconds"] = other
+        [check] = ranking_checks(tied)
+        assert "a vs d (fleet gap 50%, simulated tie)" in check["discordant"]
+        assert check["discordant_simulated_ties"] == 1
+    # Measured alike too: neither side orders them, not a discordant pair (d, a's copy, is
+    # discordant with b as a is).
+    same = [*rows, rows[0] | {"label": "d"}]
+    [check] = ranking_checks(same)
+    assert check["discordant"] == ["a vs b (fleet gap 100%)", "b vs d (fleet gap 100%)"]
+    assert check["discordant_simulated_ties"] == 0
 
 
 def test_rankings_say_which_discordant_pairs_the_fleets_own_repeats_order_either_way():
