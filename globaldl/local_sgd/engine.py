@@ -180,12 +180,10 @@ class RoundEngine:
         local_seconds = time.perf_counter() - self.round_started
         contribution = self._contribution()
         index = self.ledger.submit()
-        position = len(self.totals.round_handed_unix)
-        self.totals.round_handed_unix.append(time.time())
-        self.totals.round_back_unix.append(None)
         if not self.overlap:
+            self._handed()
             result, apply_seconds = self.graph.sync_round(contribution)
-            self.totals.round_back_unix[position] = time.time()
+            self.totals.round_back_unix[-1] = time.time()
             self._applied(index, result)
             seconds = dict(zip(SYNC_PHASES, result.phase_seconds.numpy().tolist(), strict=True))
             seconds["apply"] = float(apply_seconds)
@@ -202,7 +200,7 @@ class RoundEngine:
                 # Traced here, not on the background thread, where the loop would wait for it
                 # (the steps' and the in-place rounds' tracing is untimed too).
                 self.graph.exchange_round.get_concrete_function(*arguments)
-            self.totals.round_handed_unix[position] = time.time()
+            position = self._handed()
             future = run_in_background(self.graph.exchange_round, *arguments)
             future.add_done_callback(lambda _: self._back(position))
             self.pending = PendingRound(index, future)
@@ -213,6 +211,12 @@ class RoundEngine:
         self.steps_in_round = 0
         self.samples_in_round = 0
         self.round_started = time.perf_counter()
+
+    def _handed(self) -> int:
+        """Note the clock as the loop hands a round's delta over; returns the round's position."""
+        self.totals.round_handed_unix.append(time.time())
+        self.totals.round_back_unix.append(None)
+        return len(self.totals.round_back_unix) - 1
 
     def _back(self, position: int) -> None:
         """The exchange handed over at round end `position` is back (the exchange thread)."""
