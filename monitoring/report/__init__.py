@@ -8,10 +8,13 @@ from globaldl.monitoring.report.data import (
     DeviceBottleneck,
     DeviceProfile,
     EpochPoint,
+    RankHandovers,
     RankTotals,
     RunData,
     device_bottlenecks,
     device_profiles,
+    rank_handovers,
+    round_lateness,
 )
 from globaldl.monitoring.report.markdown import write_report
 from globaldl.monitoring.report.sources import load_from_prometheus, load_from_summary
@@ -20,11 +23,14 @@ __all__ = [
     "DeviceBottleneck",
     "DeviceProfile",
     "EpochPoint",
+    "RankHandovers",
     "RankTotals",
     "RunData",
     "device_bottlenecks",
     "device_profiles",
     "load_from_prometheus",
     "load_from_summary",
+    "rank_handovers",
+    "round_lateness",
     "write_report",
 ]

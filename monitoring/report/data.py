@@ -127,6 +127,11 @@ class RunData:
     epochs: list[EpochPoint] = field(default_factory=list)
     series: dict[str, list[Series]] = field(default_factory=dict)
     """Time series by view (Prometheus only), e.g. "throughput" -> one Series per device."""
+    round_handovers: list[list[float]] = field(default_factory=list)
+    """Per rank (rank order), when its loop handed each round's delta over (Unix seconds; run
+    summaries with local steps record it: `rounds.rank_round_unix_seconds`)."""
+    rank_devices: list[str] = field(default_factory=list)
+    """Each rank's device name, in rank order, where the source records them."""
 
     def devices(self) -> list[str]:
         """Device names in first-rank order."""
@@ -175,3 +180,49 @@ def device_bottlenecks(run: RunData) -> list[DeviceBottleneck]:
     """
     found = (profile.bottleneck() for profile in device_profiles(run))
     return [bottleneck for bottleneck in found if bottleneck is not None]
+
+
+@dataclass(frozen=True)
+class RankHandovers:
+    """How one rank handed its rounds over against the first rank to hand each one over."""
+
+    rank: int
+    device: str
+    rounds: int
+    rounds_last: int  # rounds this rank handed over last (a tie counts for each rank in it)
+    median_after_first_seconds: float
+    max_after_first_seconds: float
+
+
+def round_lateness(run: RunData) -> list[list[float]]:
+    """Per round (in order), each rank's hand-over less the round's first, in rank order.
+
+    The exchange of a round can start only once its last rank has handed its delta over: the
+    ranks before it wait that long. Rounds some rank did not record are left out (a run that
+    stopped mid-round).
+    """
+    if len(run.round_handovers) < 2:
+        return []
+    rounds = min(len(times) for times in run.round_handovers)
+    lateness = []
+    for index in range(rounds):
+        handed = [times[index] for times in run.round_handovers]
+        first = min(handed)
+        lateness.append([time - first for time in handed])
+    return lateness
+
+
+def rank_handovers(run: RunData) -> list[RankHandovers]:
+    """Each rank's hand-overs over the run (`round_lateness`), in rank order."""
+    lateness = round_lateness(run)
+    if not lateness:
+        return []
+    rows = []
+    for rank in range(len(lateness[0])):
+        own = sorted(round_times[rank] for round_times in lateness)
+        last = sum(1 for round_times in lateness if round_times[rank] == max(round_times))
+        middle = len(own) // 2
+        median = own[middle] if len(own) % 2 else (own[middle - 1] + own[middle]) / 2
+        device = run.rank_devices[rank] if rank < len(run.rank_devices) else f"rank {rank}"
+        rows.append(RankHandovers(rank, device, len(own), last, median, own[-1]))
+    return rows

@@ -8,7 +8,12 @@ from pathlib import Path
 from globaldl.files import write_bytes_atomically, write_text_atomically
 from globaldl.markdown import markdown_table
 from globaldl.monitoring.phases import PHASES
-from globaldl.monitoring.report.data import RunData, device_bottlenecks, device_profiles
+from globaldl.monitoring.report.data import (
+    RunData,
+    device_bottlenecks,
+    device_profiles,
+    rank_handovers,
+)
 from globaldl.monitoring.report.plots import VIEWS, figure_png
 
 
@@ -71,6 +76,30 @@ def _rank_table(run: RunData) -> str:
     return markdown_table(rows, columns, right_aligned=right)
 
 
+def _handover_table(run: RunData) -> str:
+    rows = [
+        {
+            "rank": row.rank,
+            "device": row.device,
+            "rounds": row.rounds,
+            "rounds last": row.rounds_last,
+            "median ms after the first": _milliseconds(row.median_after_first_seconds),
+            "max ms after the first": _milliseconds(row.max_after_first_seconds),
+        }
+        for row in rank_handovers(run)
+    ]
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    right = [column for column in columns if column != "device"]
+    return markdown_table(rows, columns, right_aligned=right) + (
+        "\nWhen each rank handed a round's delta over, against the round's first rank (every "
+        "rank's clock; the devices of an emulated fleet read one). A round's exchange starts "
+        "after its last rank's: a rank that is last in most rounds is the one the others wait "
+        "for."
+    )
+
+
 def write_report(run: RunData, out_dir: Path) -> Path:
     """Write OUT_DIR/report.md and one PNG per view that has data; return the markdown's path."""
     out_dir = Path(out_dir)
@@ -90,6 +119,7 @@ def write_report(run: RunData, out_dir: Path) -> Path:
         "Step time by phase": _phase_table(run),
         "Gradient exchange": _bytes_table(run),
         "Stragglers": _rank_table(run),
+        "Round hand-overs": _handover_table(run),
     }
     for view in VIEWS:
         lines += ["", f"## {view.heading}", ""]
@@ -99,7 +129,7 @@ def write_report(run: RunData, out_dir: Path) -> Path:
         else:
             write_bytes_atomically(out_dir / view.file_name, figure_png(figure))
             lines.append(f"![{view.heading}]({view.file_name})")
-        if view.heading in tables:
+        if tables.get(view.heading):
             lines += ["", tables[view.heading]]
     path = out_dir / "report.md"
     write_text_atomically(path, "\n".join(lines) + "\n")

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from globaldl.monitoring.phases import PHASES
 from globaldl.monitoring.promql import Series
-from globaldl.monitoring.report.data import RunData, device_profiles
+from globaldl.monitoring.report.data import RunData, device_profiles, round_lateness
 
 PHASE_COLOURS = dict(zip(PHASES, matplotlib.colormaps["tab10"].colors, strict=False))
 
@@ -236,6 +236,28 @@ def plot_stragglers(run: RunData) -> Figure | None:
     return figure
 
 
+def plot_round_handovers(run: RunData) -> Figure | None:
+    """Per round: how long after the round's first rank each rank handed its delta over."""
+    lateness = round_lateness(run)
+    if not lateness:
+        return None
+    figure, axes = _figure()
+    axis = axes[0][0]
+    for rank in range(len(lateness[0])):
+        name = run.rank_devices[rank] if rank < len(run.rank_devices) else ""
+        axis.plot(
+            range(len(lateness)),
+            [1000 * round_times[rank] for round_times in lateness],
+            marker=".",
+            label=f"rank {rank} {name}".strip(),
+        )
+    axis.set_xlabel("round")
+    axis.set_ylabel("ms after the round's first rank")
+    axis.set_title("Round hand-overs: the exchange starts after the last rank's")
+    axis.legend(fontsize="small")
+    return figure
+
+
 @dataclass(frozen=True)
 class View:
     """One section of the report: a heading, a PNG file and the function that draws it."""
@@ -274,6 +296,13 @@ VIEWS: tuple[View, ...] = (
         "needs Prometheus (a run summary holds no CPU, memory, network or disk figures)",
     ),
     View("Stragglers", "stragglers.png", plot_stragglers, "no steps were recorded"),
+    View(
+        "Round hand-overs",
+        "round_handovers.png",
+        plot_round_handovers,
+        "needs a run summary with local steps (`--sync-every` > 1) that records every rank's "
+        "round times (`rounds.rank_round_unix_seconds`)",
+    ),
 )
 
 

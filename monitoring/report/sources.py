@@ -57,7 +57,16 @@ def load_from_summary(path: Path) -> RunData:
         f"{document['wall_seconds']:.1f} s; with one rank, its exchange includes any waiting "
         "for peers)"
     )
-    return RunData(document["run_id"], source, [rank0], epochs)
+    per_rank = (document.get("rounds") or {}).get("rank_round_unix_seconds") or []
+    handovers = [[float(handed) for handed, _ in rank] for rank in per_rank]
+    return RunData(
+        document["run_id"],
+        source,
+        [rank0],
+        epochs,
+        round_handovers=handovers,
+        rank_devices=[str(name) for name in document.get("devices") or []],
+    )
 
 
 def _by_labels(samples: list[Any], *names: str) -> dict[tuple[str, ...], float]:

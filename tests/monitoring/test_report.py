@@ -111,6 +111,43 @@ def test_report_from_a_summary_states_the_bottleneck_and_plots_what_it_can(tmp_p
     )  # over-time phases and device resources
 
 
+def test_report_from_a_summary_with_local_steps_shows_who_each_round_waited_for(tmp_path):
+    document = a_summary() | {"devices": ["edge-a", "edge-b"]}
+    document["rounds"] = {
+        "sync_every": "4",
+        "overlap": True,
+        "rounds": 3,
+        "skipped_rounds": 0,
+        "wire_bytes_per_sample": 10.0,
+        "dense_fp32_bytes_per_sample": 100.0,
+        "compute_utilisation": 0.5,
+        # Rank 1 hands rounds 0 and 2 over last (0.3 s, 0.2 s after rank 0), rank 0 round 1.
+        "rank_round_unix_seconds": [
+            [[100.0, 102.0], [110.0, 112.0], [120.0, None]],
+            [[100.3, 102.0], [109.9, 112.0], [120.2, 122.0]],
+        ],
+    }
+    run_summary.validate(document)
+    path = tmp_path / "summary.json"
+    run_summary.write(path, document)
+    result = invoke("--summary", str(path), "--out", str(tmp_path / "report"))
+    assert result.exit_code == 0, result.output
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "![Round hand-overs](round_handovers.png)" in markdown
+    assert (tmp_path / "report" / "round_handovers.png").stat().st_size > 0
+    assert "| 0 | edge-a | 3 | 1 | 0.0 | 100.0 |" in markdown
+    assert "| 1 | edge-b | 3 | 2 | 200.0 | 300.0 |" in markdown
+
+
+def test_a_report_without_round_times_says_what_would_show_them(tmp_path):
+    path = tmp_path / "summary.json"
+    run_summary.write(path, a_summary())
+    assert invoke("--summary", str(path), "--out", str(tmp_path / "report")).exit_code == 0
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "Not shown: needs a run summary with local steps" in markdown
+    assert not (tmp_path / "report" / "round_handovers.png").exists()
+
+
 def test_device_bottleneck_counts_waiting_for_peers_apart_from_the_exchange():
     def rank(number, device, **seconds_per_step):
         phase_seconds = {phase: 10 * seconds_per_step.get(phase, 0.0) for phase in PHASE_SECONDS}
