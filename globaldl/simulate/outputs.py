@@ -137,6 +137,10 @@ def calibration_markdown(calibration: Calibration, command: str) -> str:
         f"**{_verdict(calibration.error_target_met)}**). Rankings of every held-out experiment "
         f"preserved: **{_verdict(calibration.rankings_preserved)}**.\n\n"
         "## Ranking per held-out experiment\n\n"
+        "Configurations are ranked by the median step of their repeats. A pair is discordant when "
+        "the simulator orders it unlike the fleet, or gives both the same step while the fleet "
+        "does not (a simulated tie); `discordant_ranges_overlap` counts the pairs whose repeats "
+        "the fleet itself orders both ways.\n\n"
         + markdown_table(ranking_rows)
         + "\n## Every run\n\n"
         + markdown_table(calibration.rows, ERROR_COLUMNS)
