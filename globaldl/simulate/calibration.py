@@ -203,8 +203,8 @@ def as_measured(observation: Observation, estimate: StepEstimate) -> StepEstimat
     (`run_records.loop_step_seconds`) leaves out the first round, those an epoch's end touches,
     a last one cut short and, overlapped, each round that waits for the exchange of one of
     these (`run_records.steady_round_indices`); the simulated step is then the same rounds'
-    mean. A step read from the phases (every round end but the first) keeps
-    the mean of every round but the first, as does a run with no steady round to read.
+    mean. A step read from the phases (every round end but the first) keeps the mean of every
+    round but the first, as does a run with no steady round to read.
     """
     per_epoch = observation.epoch_steps
     if observation.step_measured_by != "loop wall" or per_epoch is None:
