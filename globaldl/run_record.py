@@ -116,14 +116,8 @@ def _rank_totals(trainer: Trainer, totals: RunTotals) -> list[dict[str, Any]]:
 def _rank_round_times(trainer: Trainer) -> list[list[list[float | None]]]:
     """Every rank's [handed, back] clock times per round (`RoundTotals`), in rank order."""
     assert trainer.rounds is not None
-    totals = trainer.rounds.totals
-    own = np.array(
-        [
-            [handed, np.nan if back is None else back]
-            for handed, back in zip(totals.round_handed_unix, totals.round_back_unix, strict=True)
-        ],
-        np.float64,
-    ).reshape(-1, 2)
+    clock = trainer.rounds.totals.round_clock_unix
+    own = np.array(clock, dtype=np.float64).reshape(-1, 2)  # a result never back: NaN
     counts = trainer.exchange.gather_across_ranks(
         tf.constant([len(own)], tf.int64), "round_time_counts"
     ).numpy()

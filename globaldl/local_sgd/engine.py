@@ -73,12 +73,11 @@ class RoundTotals:
     # ends just before or just after one of Horovod's coordination cycles begins.
     round_local_seconds: list[float] = field(default_factory=list)
     round_sync_seconds: list[float] = field(default_factory=list)
-    # Each round's clock times on this device (Unix seconds; every device of an emulated fleet
-    # reads one clock): when the loop handed its delta to the exchange, and when the exchange's
-    # result was back here (None until it is). Set side by side across ranks, they show which
-    # device a round waited for.
-    round_handed_unix: list[float] = field(default_factory=list)
-    round_back_unix: list[float | None] = field(default_factory=list)
+    # Each round's clock times on this device, [handed, back] (Unix seconds; every device of an
+    # emulated fleet reads one clock): when the loop handed its delta to the exchange, and when
+    # the exchange's result was back here (None until it is). Set side by side across ranks,
+    # they show which device a round waited for.
+    round_clock_unix: list[list[float | None]] = field(default_factory=list)
 
 
 class RoundEngine:
@@ -181,9 +180,9 @@ class RoundEngine:
         contribution = self._contribution()
         index = self.ledger.submit()
         if not self.overlap:
-            self._handed()
+            position = self._handed()
             result, apply_seconds = self.graph.sync_round(contribution)
-            self.totals.round_back_unix[-1] = time.time()
+            self._back(position)
             self._applied(index, result)
             seconds = dict(zip(SYNC_PHASES, result.phase_seconds.numpy().tolist(), strict=True))
             seconds["apply"] = float(apply_seconds)
@@ -214,13 +213,12 @@ class RoundEngine:
 
     def _handed(self) -> int:
         """Note the clock as the loop hands a round's delta over; returns the round's position."""
-        self.totals.round_handed_unix.append(time.time())
-        self.totals.round_back_unix.append(None)
-        return len(self.totals.round_back_unix) - 1
+        self.totals.round_clock_unix.append([time.time(), None])
+        return len(self.totals.round_clock_unix) - 1
 
     def _back(self, position: int) -> None:
         """The exchange handed over at round end `position` is back (the exchange thread)."""
-        self.totals.round_back_unix[position] = time.time()
+        self.totals.round_clock_unix[position][1] = time.time()
 
     def drain(self, observer: TrainingObserver, totals: RunTotals) -> None:
         """Wait for the round in flight and apply it; keep this round's progress on top.

@@ -217,7 +217,7 @@ def steady_round_indices(
     before must be steady too: round 1 waits for the first round's exchange, Horovod's first
     negotiation (rounds-host's dense H = 16 runs: 3.8-4.8 s where the others take 2.8 s), and the
     round after one an epoch ends inside waits for an exchange handed over after validation
-    (0.14-0.19 s longer).
+    (rounds-host's overlapped H = 4 and 16 runs: 0.14-0.19 s longer, per run).
 
     >>> steady_round_indices(10, 4, 12, 40)  # epochs end after steps 12, 24 and 36
     [1, 4, 7]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import median
 
 from globaldl.monitoring.phases import PHASES, bottleneck_phase, own_seconds_per_step
 from globaldl.monitoring.promql import Series
@@ -133,6 +134,10 @@ class RunData:
     rank_devices: list[str] = field(default_factory=list)
     """Each rank's device name, in rank order, where the source records them."""
 
+    def rank_device(self, rank: int) -> str | None:
+        """Rank `rank`'s device name; None where the source records none."""
+        return self.rank_devices[rank] if rank < len(self.rank_devices) else None
+
     def devices(self) -> list[str]:
         """Device names in first-rank order."""
         return list(dict.fromkeys(rank.device for rank in sorted(self.ranks, key=lambda r: r.rank)))
@@ -219,10 +224,11 @@ def rank_handovers(run: RunData) -> list[RankHandovers]:
         return []
     rows = []
     for rank in range(len(lateness[0])):
-        own = sorted(round_times[rank] for round_times in lateness)
+        own = [round_times[rank] for round_times in lateness]
         last = sum(1 for round_times in lateness if round_times[rank] == max(round_times))
-        middle = len(own) // 2
-        median = own[middle] if len(own) % 2 else (own[middle - 1] + own[middle]) / 2
-        device = run.rank_devices[rank] if rank < len(run.rank_devices) else f"rank {rank}"
-        rows.append(RankHandovers(rank, device, len(own), last, median, own[-1]))
+        rows.append(
+            RankHandovers(
+                rank, run.rank_device(rank) or f"rank {rank}", len(own), last, median(own), max(own)
+            )
+        )
     return rows

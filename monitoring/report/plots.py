@@ -244,12 +244,11 @@ def plot_round_handovers(run: RunData) -> Figure | None:
     figure, axes = _figure()
     axis = axes[0][0]
     for rank in range(len(lateness[0])):
-        name = run.rank_devices[rank] if rank < len(run.rank_devices) else ""
         axis.plot(
             range(len(lateness)),
             [1000 * round_times[rank] for round_times in lateness],
             marker=".",
-            label=f"rank {rank} {name}".strip(),
+            label=f"rank {rank} {run.rank_device(rank) or ''}".strip(),
         )
     axis.set_xlabel("round")
     axis.set_ylabel("ms after the round's first rank")
