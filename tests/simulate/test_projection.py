@@ -8,6 +8,7 @@ from globaldl.compression.lanes import packed_bytes
 from globaldl.simulate.fleetdata import load_observations
 from globaldl.simulate.outputs import (
     DEFAULT_OUT_DIR,
+    DEFAULT_README,
     PARAMETERS_FILE,
     README_BEGIN,
     README_END,
@@ -156,3 +157,16 @@ def test_bad_projection_requests_name_the_value():
         ProjectionRequest(devices=(0,), mix=parse_mix_shares("lte:100"), model="lenet")
     with pytest.raises(ValueError, match="lte-x"):
         parse_mix_shares("lte-x")
+
+
+def test_the_committed_projections_and_readme_state_the_committed_calibration():
+    # A calibration that moves its error leaves the projections made before it stale; they
+    # must be regenerated with it (`globaldl simulate project ...`, then `simulate readme`).
+    calibration = json.loads((DEFAULT_OUT_DIR / PARAMETERS_FILE).read_text())
+    documents = projection_documents(DEFAULT_OUT_DIR)
+    assert documents, f"no committed projection in {DEFAULT_OUT_DIR}"
+    for document in documents:
+        assert document["calibration"] == calibration_summary(calibration), document["file"]
+    readme = DEFAULT_README.read_text()
+    relative = DEFAULT_OUT_DIR.relative_to(DEFAULT_README.parent).as_posix()
+    assert readme_section(documents, relative) in readme
