@@ -77,6 +77,11 @@ def project(
     ),
     model: str = typer.Option("lenet", help="a model the fleet measured (lenet, resnet-8, ...)"),
     cpu_cores: float = typer.Option(0.5, help="each device's CPU quota, in cores"),
+    speeds: str = typer.Option(
+        "1:100",
+        help="RELATIVE_SPEED:SHARE,... the devices' CPUs against the fleet's reference core, "
+        "e.g. 1:70,0.25:30 (30% of devices four times slower)",
+    ),
     site_size: int = typer.Option(50, help="devices per site for the hierarchical mode (0: none)"),
     site_profile: str = typer.Option("fibre", help="link profile of each site's shared WAN link"),
     local_steps: int = typer.Option(8, help="H, steps between exchanges in the local mode"),
@@ -102,7 +107,12 @@ def project(
         read_parameters,
         write_projection,
     )
-    from globaldl.simulate.platform import default_profiles, load_mixes, resolve_mix
+    from globaldl.simulate.platform import (
+        default_profiles,
+        load_mixes,
+        parse_speed_shares,
+        resolve_mix,
+    )
     from globaldl.simulate.projection import ProjectionRequest
     from globaldl.simulate.projection import project as run_projection
 
@@ -119,6 +129,7 @@ def project(
             mix=resolve_mix(mix, profiles, load_mixes()),
             model=model,
             cpu_cores=cpu_cores,
+            speeds=parse_speed_shares(speeds),
             site_size=site_size,
             site_profile=profiles[site_profile] if site_size else None,
             local_steps=local_steps,
@@ -130,8 +141,10 @@ def project(
         parameters = read_parameters(parameters_path)
         rows = run_projection(request, load_observations(), parameters, profiles, _progress)
     calibration = json.loads(Path(parameters_path).read_text())
+    speed_mix = request.speeds.describe()
+    speed_text = "" if request.speeds.is_uniform else f", device speeds {speed_mix}"
     header = {
-        "title": f"{model} on {mix}, {cpu_cores:g} core per device",
+        "title": f"{model} on {mix}, {cpu_cores:g} core per device{speed_text}",
         "command": _command(),
         "parameters_file": str(parameters_path.name),
         "calibration": calibration_summary(calibration),
@@ -141,6 +154,7 @@ def project(
             "mix": mix,
             "model": model,
             "cpu_cores": cpu_cores,
+            "speeds": speed_mix,
             "site_size": site_size,
             "site_profile": site_profile,
             "local_steps": local_steps,
@@ -149,7 +163,8 @@ def project(
             "gloo_timeout_seconds": gloo_timeout_seconds,
         },
     }
-    output_name = name or f"{model}-" + "".join(ch if ch.isalnum() else "-" for ch in mix)
+    derived = mix if request.speeds.is_uniform else f"{mix}-speeds-{speed_mix}"
+    output_name = name or f"{model}-" + "".join(ch if ch.isalnum() else "-" for ch in derived)
     path = write_projection(out, output_name, rows, header)
     typer.echo(f"projection written to {path} in {time.monotonic() - started:.1f} s")
 

@@ -17,6 +17,7 @@ from globaldl.simulate.calibration import (
     Calibration,
     SimParameters,
 )
+from globaldl.simulate.platform import parse_speed_shares
 from globaldl.simulate.plots import draw_calibration, draw_projection
 from globaldl.simulate.projection import answer, best_modes, crossovers
 from globaldl.summary import write_json_atomically
@@ -219,7 +220,8 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
         lines += ["No projection yet: run `globaldl simulate project`.", "", README_END]
         return "\n".join(lines)
     rows = []
-    for document in documents:
+    # Per model and link mix, devices alike first, then the same links with other speeds.
+    for document in sorted(documents, key=_readme_order):
         found = document["answer"]
         waits = ", ".join(
             f"{row['mode']} {row['longest_wait_seconds_at_largest']:.3g} s"
@@ -229,7 +231,7 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
         details = document["file"].removesuffix(".json")
         rows.append(
             {
-                "link mix": document["request"]["mix"],
+                "link mix": document["request"]["mix"] + _speeds_note(document["request"]),
                 "devices one run can use": found["devices"] or "none of the projected counts",
                 "exchange mode it needs": found["mode"] or "-",
                 "step there": _seconds(found["step_seconds"]),
@@ -260,6 +262,17 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g} s"
+
+
+def _readme_order(document: Mapping[str, Any]) -> tuple[str, str, bool, str]:
+    request = document["request"]
+    return request["model"], request["mix"], bool(_speeds_note(request)), document["file"]
+
+
+def _speeds_note(request: Mapping[str, Any]) -> str:
+    """How a projection's devices differ in speed, where they do (older ones: all alike)."""
+    speeds = request.get("speeds", "1:100")
+    return "" if parse_speed_shares(speeds).is_uniform else f", device speeds {speeds}"
 
 
 def refresh_readme(readme: Path, section: str) -> bool:

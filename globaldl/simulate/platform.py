@@ -200,17 +200,7 @@ class LinkMix:
 
     def counts(self, devices: int) -> dict[str, int]:
         """Device counts per profile for `devices` devices (largest remainders, sum exact)."""
-        if devices < 1:
-            raise ValueError(f"devices must be at least 1, got {devices}")
-        total = sum(self.shares_percent.values())
-        exact = {name: devices * share / total for name, share in self.shares_percent.items()}
-        counts = {name: int(math.floor(value)) for name, value in exact.items()}
-        remainder = devices - sum(counts.values())
-        for name in sorted(exact, key=lambda key: exact[key] - counts[key], reverse=True)[
-            :remainder
-        ]:
-            counts[name] += 1
-        return counts
+        return _largest_remainders(self.shares_percent, devices)
 
     def fleet(
         self, devices: int, profiles: Mapping[str, LinkProfile], cpu_cores: float = 1.0
@@ -222,6 +212,84 @@ class LinkMix:
         # Horovod orders ranks by host file, not by link type; interleave deterministically.
         order = np.random.default_rng(0).permutation(len(expanded))
         return Fleet(tuple(Device(expanded[index], cpu_cores) for index in order))
+
+
+@dataclass(frozen=True)
+class SpeedMix:
+    """Shares of device speeds in a population: a heterogeneous fleet's CPUs.
+
+    A speed is a device's core against the reference core the fleet measured compute on (0.25:
+    four times slower); it scales the device's CPU work, compute and exchange alike, under its
+    quota (`Device.speed`). Projections assign speeds independently of links.
+    """
+
+    shares_percent: Mapping[float, float]
+
+    def __post_init__(self) -> None:
+        if not self.shares_percent:
+            raise ValueError("a speed mix needs at least one SPEED:SHARE entry")
+        for speed, share in self.shares_percent.items():
+            if not (isinstance(speed, int | float) and math.isfinite(speed) and speed > 0):
+                raise ValueError(f"device speed must be a number > 0, got {speed!r}")
+            if not (isinstance(share, int | float) and math.isfinite(share) and share > 0):
+                raise ValueError(f"share of speed {speed:g} must be > 0, got {share!r}")
+
+    @classmethod
+    def uniform(cls) -> SpeedMix:
+        """Every device at the reference speed."""
+        return cls({1.0: 100.0})
+
+    @property
+    def is_uniform(self) -> bool:
+        """Whether every device runs at the reference speed."""
+        return set(self.shares_percent) == {1.0}
+
+    def describe(self) -> str:
+        """As `--speeds` takes it: `1:70,0.25:30`."""
+        return ",".join(f"{speed:g}:{share:g}" for speed, share in self.shares_percent.items())
+
+    def speeds(self, devices: int) -> np.ndarray:
+        """Each of `devices` devices' speed, the shares split by largest remainders.
+
+        The speeds come in a fixed random order, seeded apart from the links' order, so that
+        speed and link do not go together.
+        """
+        counts = _largest_remainders(self.shares_percent, devices)
+        expanded = np.repeat(list(counts), list(counts.values())).astype(float)
+        return expanded[np.random.default_rng(1).permutation(devices)]
+
+
+def parse_speed_shares(text: str) -> SpeedMix:
+    """`1:70,0.25:30` as a speed mix: RELATIVE_SPEED:SHARE entries, shares in percent."""
+    shares: dict[float, float] = {}
+    for entry in (part.strip() for part in text.split(",")):
+        speed_text, separator, share_text = entry.partition(":")
+        try:
+            speed, share = float(speed_text), float(share_text)
+        except ValueError:
+            speed = share = math.nan
+        if not separator or math.isnan(speed) or math.isnan(share):
+            raise ValueError(
+                f"bad --speeds entry {entry!r}; expected RELATIVE_SPEED:SHARE with two numbers, "
+                "e.g. 1:70,0.25:30 (70% of devices at the reference speed, 30% four times slower)"
+            )
+        if speed in shares:
+            raise ValueError(f"--speeds {text!r} gives speed {speed:g} twice")
+        shares[speed] = share
+    return SpeedMix(shares)
+
+
+def _largest_remainders(shares: Mapping[Any, float], devices: int) -> dict[Any, int]:
+    """`devices` split in proportion to `shares` by largest remainders (the counts sum exactly)."""
+    if devices < 1:
+        raise ValueError(f"devices must be at least 1, got {devices}")
+    total = sum(shares.values())
+    exact = {key: devices * share / total for key, share in shares.items()}
+    counts = {key: int(math.floor(value)) for key, value in exact.items()}
+    remainder = devices - sum(counts.values())
+    for key in sorted(exact, key=lambda key: exact[key] - counts[key], reverse=True)[:remainder]:
+        counts[key] += 1
+    return counts
 
 
 def parse_mix_shares(text: str) -> LinkMix:

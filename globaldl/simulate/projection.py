@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from globaldl.fleet.profiles import LinkProfile
 from globaldl.simulate.calibration import SimParameters
 from globaldl.simulate.exchange import ExchangeMode, plan_network, simulate_transfers
 from globaldl.simulate.fleetdata import Observation
-from globaldl.simulate.platform import Device, Fleet, LinkMix, Site, link_directions
+from globaldl.simulate.platform import Device, Fleet, LinkMix, Site, SpeedMix, link_directions
 from globaldl.simulate.steps import StepEstimate, Workload, simulate_steps
 
 GATHER_CODEC = "topk0.01+int8"
@@ -142,6 +142,7 @@ class ProjectionRequest:
     mix: LinkMix
     model: str
     cpu_cores: float = 0.5
+    speeds: SpeedMix = field(default_factory=SpeedMix.uniform)  # the devices' CPU speeds
     site_size: int = 0  # 0: no sites
     site_profile: LinkProfile | None = None
     local_steps: int = 8
@@ -163,18 +164,24 @@ class ProjectionRequest:
 def build_fleet(
     request: ProjectionRequest, devices: int, profiles: Mapping[str, LinkProfile]
 ) -> Fleet:
-    """The projected fleet: the mix's devices, grouped into sites of `site_size` if asked."""
+    """The projected fleet: the mix's devices at its speeds, in sites of `site_size` if asked."""
     fleet = request.mix.fleet(devices, profiles, request.cpu_cores)
-    if request.site_size <= 0 or request.site_profile is None:
-        return fleet
+    speeds = request.speeds.speeds(devices)
+    sited = request.site_size > 0 and request.site_profile is not None
+    placed = tuple(
+        Device(
+            device.profile,
+            device.cpu_cores,
+            float(speed),
+            index // request.site_size if sited else -1,
+        )
+        for index, (device, speed) in enumerate(zip(fleet.devices, speeds, strict=True))
+    )
+    if not sited:
+        return Fleet(placed)
     up, down = link_directions(request.site_profile)
     count = math.ceil(devices / request.site_size)
-    sites = tuple(Site(f"site-{index}", up, down) for index in range(count))
-    grouped = tuple(
-        Device(device.profile, device.cpu_cores, device.speed, index // request.site_size)
-        for index, device in enumerate(fleet.devices)
-    )
-    return Fleet(grouped, sites)
+    return Fleet(placed, tuple(Site(f"site-{index}", up, down) for index in range(count)))
 
 
 def cycle_time_seconds(request: ProjectionRequest, fleet: Fleet) -> float:

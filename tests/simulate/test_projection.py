@@ -1,6 +1,7 @@
 """Projection outputs: tables, plots, crossovers and the README section they regenerate."""
 
 import json
+import re
 
 import pytest
 
@@ -19,8 +20,19 @@ from globaldl.simulate.outputs import (
     refresh_readme,
     write_projection,
 )
-from globaldl.simulate.platform import default_profiles, parse_mix_shares
-from globaldl.simulate.projection import ProjectionRequest, answer, crossovers, project
+from globaldl.simulate.platform import (
+    SpeedMix,
+    default_profiles,
+    parse_mix_shares,
+    parse_speed_shares,
+)
+from globaldl.simulate.projection import (
+    ProjectionRequest,
+    answer,
+    build_fleet,
+    crossovers,
+    project,
+)
 
 
 def _row(devices, mode, examples_per_second, times_out=False):
@@ -157,6 +169,70 @@ def test_bad_projection_requests_name_the_value():
         ProjectionRequest(devices=(0,), mix=parse_mix_shares("lte:100"), model="lenet")
     with pytest.raises(ValueError, match="lte-x"):
         parse_mix_shares("lte-x")
+
+
+def test_a_speed_mix_splits_the_devices_by_its_shares_apart_from_their_links():
+    speeds = parse_speed_shares("1:70,0.25:30").speeds(10)
+    assert sorted(speeds.tolist()) == [0.25] * 3 + [1.0] * 7
+    assert speeds.tolist() == parse_speed_shares("1:70,0.25:30").speeds(10).tolist()
+    request = ProjectionRequest(
+        devices=(1000,),
+        mix=parse_mix_shares("lte:50,nb-iot:50"),
+        model="lenet",
+        speeds=parse_speed_shares("1:50,0.25:50"),
+    )
+    fleet = build_fleet(request, 1000, default_profiles())
+    slow_on = [
+        sum(1 for device in fleet.devices if device.profile.name == name and device.speed < 1)
+        for name in ("lte", "nb-iot")
+    ]
+    # Independent assignments put about half of each link's devices at the slow speed; one
+    # order for both would put every slow device on one link, or none.
+    assert sum(slow_on) == 500 and all(200 < count < 300 for count in slow_on), slow_on
+    assert SpeedMix.uniform().is_uniform and not parse_speed_shares("1:99,0.5:1").is_uniform
+
+
+def test_one_slow_device_in_four_holds_every_synchronous_step_back():
+    parameters = read_parameters(DEFAULT_OUT_DIR / PARAMETERS_FILE)
+    observations, profiles = load_observations(), default_profiles()
+
+    def step_seconds(speeds):
+        request = ProjectionRequest(
+            devices=(4,),
+            mix=parse_mix_shares("fibre:100"),
+            model="resnet-8",
+            steps=12,
+            modes=("dense",),
+            speeds=parse_speed_shares(speeds),
+        )
+        [row] = project(request, observations, parameters, profiles)
+        return row["step_seconds"]
+
+    alike, one_slow, all_slow = (
+        step_seconds("1:100"),
+        step_seconds("1:75,0.25:25"),
+        step_seconds("0.25:100"),
+    )
+    # ResNet-8 on fibre is compute-bound: the step waits for the slowest device's compute.
+    assert one_slow > 1.5 * alike
+    assert one_slow == pytest.approx(all_slow, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("fast:70", "fast:70"),
+        ("1", "'1'"),
+        ("0:100", "got 0.0"),
+        ("-1:100", "got -1.0"),
+        ("1:0", "share of speed 1 must be > 0"),
+        ("1:50,1:50", "speed 1 twice"),
+        ("inf:10", "got inf"),
+    ],
+)
+def test_bad_speeds_are_refused_naming_the_entry(text, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        parse_speed_shares(text)
 
 
 def test_the_committed_projections_and_readme_state_the_committed_calibration():
