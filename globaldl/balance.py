@@ -29,9 +29,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import tensorflow as tf
+if TYPE_CHECKING:  # `split_batch` serves the simulator too, which loads no TensorFlow
+    import tensorflow as tf
 
 # What every rank times, after one warm-up batch: these batches, repeated until this many
 # seconds have passed (a CPU quota shows only over many 100 ms periods).
@@ -87,6 +88,7 @@ def measure_speed(
     The first of `batches` (images, labels) traces and warms up, untimed; the others are timed,
     repeated for at least PROBE_SECONDS by `clock` and at least once each.
     """
+    import tensorflow as tf
 
     @tf.function
     def forward_backward(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:

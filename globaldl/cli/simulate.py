@@ -82,6 +82,11 @@ def project(
         help="RELATIVE_SPEED:SHARE,... the devices' CPUs against the fleet's reference core, "
         "e.g. 1:70,0.25:30 (30% of devices four times slower)",
     ),
+    balance: str = typer.Option(
+        "equal",
+        help="local batches: equal, or speed (split by each device's speed, as training's "
+        "--balance speed does)",
+    ),
     site_size: int = typer.Option(50, help="devices per site for the hierarchical mode (0: none)"),
     site_profile: str = typer.Option("fibre", help="link profile of each site's shared WAN link"),
     local_steps: int = typer.Option(8, help="H, steps between exchanges in the local mode"),
@@ -130,6 +135,7 @@ def project(
             model=model,
             cpu_cores=cpu_cores,
             speeds=parse_speed_shares(speeds),
+            balance=balance,
             site_size=site_size,
             site_profile=profiles[site_profile] if site_size else None,
             local_steps=local_steps,
@@ -143,6 +149,7 @@ def project(
     calibration = json.loads(Path(parameters_path).read_text())
     speed_mix = request.speeds.describe()
     speed_text = "" if request.speeds.is_uniform else f", device speeds {speed_mix}"
+    speed_text += ", batches by speed" if balance == "speed" else ""
     header = {
         "title": f"{model} on {mix}, {cpu_cores:g} core per device{speed_text}",
         "command": _command(),
@@ -155,6 +162,7 @@ def project(
             "model": model,
             "cpu_cores": cpu_cores,
             "speeds": speed_mix,
+            "balance": balance,
             "site_size": site_size,
             "site_profile": site_profile,
             "local_steps": local_steps,
@@ -164,6 +172,7 @@ def project(
         },
     }
     derived = mix if request.speeds.is_uniform else f"{mix}-speeds-{speed_mix}"
+    derived += "-balance-speed" if balance == "speed" else ""
     output_name = name or f"{model}-" + "".join(ch if ch.isalnum() else "-" for ch in derived)
     path = write_projection(out, output_name, rows, header)
     typer.echo(f"projection written to {path} in {time.monotonic() - started:.1f} s")

@@ -270,9 +270,10 @@ def _readme_order(document: Mapping[str, Any]) -> tuple[str, str, bool, str]:
 
 
 def _speeds_note(request: Mapping[str, Any]) -> str:
-    """How a projection's devices differ in speed, where they do (older ones: all alike)."""
+    """How a projection's devices differ in speed and batch, where they do (older: alike)."""
     speeds = request.get("speeds", "1:100")
-    return "" if parse_speed_shares(speeds).is_uniform else f", device speeds {speeds}"
+    note = "" if parse_speed_shares(speeds).is_uniform else f", device speeds {speeds}"
+    return note + (", batches by speed" if request.get("balance") == "speed" else "")
 
 
 def refresh_readme(readme: Path, section: str) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from globaldl.balance import split_batch
 from globaldl.compression.lanes import lane_bits_for, lane_word, packed_bytes, word_bytes
 from globaldl.fleet.profiles import LinkProfile
 from globaldl.simulate.calibration import SimParameters
@@ -29,6 +30,7 @@ SPARSE_SUM_CODEC = "shared-topk0.01+intsum"
 # A mode still pays off at a device count when it raises examples per second by at least this
 # much over the next smaller projected count (and does not time out).
 MIN_GAIN = 0.10
+BALANCES = ("equal", "speed")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ModelProfile:
     codec: str
     payload_bytes: float
     base_cpu_seconds: float  # CPU per step at full speed, decode of peers' payloads excluded
+    batch_share: float  # the part of base_cpu_seconds that grows with the local batch
     decode_cpu_seconds_per_peer: float
     steps_to_target: float | None
     examples_to_target: float | None
@@ -103,11 +106,15 @@ def model_profile(
         for item in runs
     ]
     steps, examples, source = _to_target(runs, target_accuracy)
+    batch_share = np.median(
+        [item.batch_cpu_seconds / max(item.compute_cpu_seconds[0], 1e-12) for item in runs]
+    )
     return ModelProfile(
         model=model,
         codec=codec,
         payload_bytes=float(np.median([item.payload_bytes for item in runs])),
         base_cpu_seconds=max(float(np.median(base)), 0.0),
+        batch_share=float(np.clip(batch_share, 0.0, 1.0)),
         decode_cpu_seconds_per_peer=decode,
         steps_to_target=steps,
         examples_to_target=examples,
@@ -143,6 +150,7 @@ class ProjectionRequest:
     model: str
     cpu_cores: float = 0.5
     speeds: SpeedMix = field(default_factory=SpeedMix.uniform)  # the devices' CPU speeds
+    balance: str = "equal"  # local batches: "equal", or "speed" as `--balance speed` splits them
     site_size: int = 0  # 0: no sites
     site_profile: LinkProfile | None = None
     local_steps: int = 8
@@ -159,6 +167,8 @@ class ProjectionRequest:
             raise ValueError(f"cpu_cores must be > 0, got {self.cpu_cores!r}")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps!r}")
+        if self.balance not in BALANCES:
+            raise ValueError(f"balance must be one of {BALANCES}, got {self.balance!r}")
 
 
 def build_fleet(
@@ -228,7 +238,8 @@ def project(
             spec = specs[name]
             profile, payloads = inputs[spec.codec]
             payload = payloads[devices]
-            workload = Workload(payload, cycle, _compute_cpu(fleet, profile, spec))
+            work = _compute_cpu(fleet, profile, spec, request.balance)
+            workload = Workload(payload, cycle, work)
             estimate = simulate_steps(
                 fleet,
                 spec.mode,
@@ -277,10 +288,24 @@ def _codec_inputs(
     return profile, payloads
 
 
-def _compute_cpu(fleet: Fleet, profile: ModelProfile, spec: ModeSpec) -> np.ndarray:
+def _compute_cpu(
+    fleet: Fleet, profile: ModelProfile, spec: ModeSpec, balance: str = "equal"
+) -> np.ndarray:
+    """Each device's CPU a step at the reference speed (`simulate_steps` divides by its speed).
+
+    With `balance` "speed" the global batch is split as training's `--balance speed` splits it
+    (`split_batch`, by each device's examples per second: its speed times its quota), and the
+    batch-bound part of a step's CPU follows each device's batch; the rest, and the decode of
+    gathered payloads (one per peer), does not.
+    """
     peers = fleet.size - 1 if spec.mode.combine == "gather" else 0
-    cpu = profile.base_cpu_seconds + profile.decode_cpu_seconds_per_peer * peers
-    return np.full(fleet.size, cpu)
+    scale = np.ones(fleet.size)
+    if balance == "speed":
+        rates = [device.speed * device.cpu_cores for device in fleet.devices]
+        batches = split_batch(profile.local_batch_size * fleet.size, rates)
+        scale = np.asarray(batches, float) / profile.local_batch_size
+    base = profile.base_cpu_seconds * (1 - profile.batch_share + profile.batch_share * scale)
+    return base + profile.decode_cpu_seconds_per_peer * peers
 
 
 def _row(

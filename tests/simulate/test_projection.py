@@ -192,11 +192,11 @@ def test_a_speed_mix_splits_the_devices_by_its_shares_apart_from_their_links():
     assert SpeedMix.uniform().is_uniform and not parse_speed_shares("1:99,0.5:1").is_uniform
 
 
-def test_one_slow_device_in_four_holds_every_synchronous_step_back():
+def test_one_slow_device_in_four_holds_every_synchronous_step_back_unless_batches_follow_speed():
     parameters = read_parameters(DEFAULT_OUT_DIR / PARAMETERS_FILE)
     observations, profiles = load_observations(), default_profiles()
 
-    def step_seconds(speeds):
+    def step_seconds(speeds, balance="equal"):
         request = ProjectionRequest(
             devices=(4,),
             mix=parse_mix_shares("fibre:100"),
@@ -204,18 +204,21 @@ def test_one_slow_device_in_four_holds_every_synchronous_step_back():
             steps=12,
             modes=("dense",),
             speeds=parse_speed_shares(speeds),
+            balance=balance,
         )
         [row] = project(request, observations, parameters, profiles)
         return row["step_seconds"]
 
-    alike, one_slow, all_slow = (
-        step_seconds("1:100"),
-        step_seconds("1:75,0.25:25"),
-        step_seconds("0.25:100"),
-    )
-    # ResNet-8 on fibre is compute-bound: the step waits for the slowest device's compute.
+    alike, one_slow = step_seconds("1:100"), step_seconds("1:75,0.25:25")
+    # ResNet-8 on fibre is compute-bound: the step waits for the slowest device's compute...
     assert one_slow > 1.5 * alike
-    assert one_slow == pytest.approx(all_slow, rel=0.05)
+    assert one_slow == pytest.approx(step_seconds("0.25:100"), rel=0.05)
+    # ...unless, as training's --balance speed does, the slow device gets a smaller batch.
+    balanced = step_seconds("1:75,0.25:25", "speed")
+    assert alike <= balanced < 0.75 * one_slow
+    assert step_seconds("1:100", "speed") == pytest.approx(alike, rel=1e-9)
+    with pytest.raises(ValueError, match="balance must be one of"):
+        ProjectionRequest(devices=(4,), mix=parse_mix_shares("lte:100"), model="x", balance="fair")
 
 
 @pytest.mark.parametrize(
