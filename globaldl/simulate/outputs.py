@@ -182,7 +182,7 @@ def projection_markdown(document: Mapping[str, Any]) -> str:
     found = document["answer"]
     verdict = (
         f"**{found['devices']} devices** with **{found['mode']}** "
-        f"({found['step_seconds']:.3g} s per step)"
+        f"({found['step_seconds']:.3g} s per step{_to_target_note(found)})"
         if found["devices"]
         else "**no projected count** pays off"
     )
@@ -235,6 +235,7 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
                 "devices one run can use": found["devices"] or "none of the projected counts",
                 "exchange mode it needs": found["mode"] or "-",
                 "step there": _seconds(found["step_seconds"]),
+                "time to the target there": _seconds(found.get("seconds_to_target")),
                 "longest wait for one message at the largest count, per mode": (
                     f"at {largest}: {waits}"
                 ),
@@ -262,6 +263,11 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g} s"
+
+
+def _to_target_note(found: Mapping[str, Any]) -> str:
+    seconds = found.get("seconds_to_target")
+    return "" if seconds is None else f", {seconds:.3g} s to the target accuracy"
 
 
 def _readme_order(document: Mapping[str, Any]) -> tuple[str, str, bool, str]:

@@ -49,7 +49,10 @@ def default_modes(local_steps: int) -> dict[str, ModeSpec]:
         "gather": ModeSpec(ExchangeMode("gather", combine="gather"), GATHER_CODEC),
         "sparse-sum": ModeSpec(ExchangeMode("sparse-sum"), SPARSE_SUM_CODEC),
         "hierarchical": ModeSpec(ExchangeMode("hierarchical", hierarchy="sites"), "fp16"),
-        "local": ModeSpec(ExchangeMode("local", local_steps=local_steps, overlap=True), "fp16"),
+        # The fleet measured local steps with dense deltas summed (its convergence at H = 4, 16
+        # and 64, with and without overlap) and with gathered top-k + int8, which does not
+        # stay flat per device; fp16 deltas it did not measure.
+        "local": ModeSpec(ExchangeMode("local", local_steps=local_steps, overlap=True), "none"),
     }
 
 
@@ -84,9 +87,18 @@ class ModelProfile:
 
 
 def model_profile(
-    observations: Sequence[Observation], model: str, codec: str, target_accuracy: float
+    observations: Sequence[Observation],
+    model: str,
+    codec: str,
+    target_accuracy: float,
+    local_steps: int = 1,
+    overlap: bool = False,
 ) -> ModelProfile:
-    """Median measurements of `model` with `codec` over every run that used them."""
+    """Median measurements of `model` with `codec` over every run that used them.
+
+    Payload and CPU a step come from every such run; the steps to the target only from the runs
+    that exchanged as the projected mode does: every `local_steps` steps, overlapped or not.
+    """
     runs = [item for item in observations if item.model == model and item.codec == codec]
     if not runs:
         have = sorted({(item.model, item.codec) for item in observations})
@@ -105,7 +117,12 @@ def model_profile(
         item.compute_cpu_seconds[0] - (decode * (item.ranks - 1) if item in gathered else 0.0)
         for item in runs
     ]
-    steps, examples, source = _to_target(runs, target_accuracy)
+    alike = [
+        item
+        for item in runs
+        if item.local_steps == local_steps and (local_steps == 1 or item.overlap == overlap)
+    ]
+    steps, examples, source = _to_target(alike, target_accuracy, local_steps, overlap)
     batch_share = np.median(
         [item.batch_cpu_seconds / max(item.compute_cpu_seconds[0], 1e-12) for item in runs]
     )
@@ -125,7 +142,7 @@ def model_profile(
 
 
 def _to_target(
-    runs: Sequence[Observation], target_accuracy: float
+    runs: Sequence[Observation], target_accuracy: float, local_steps: int, overlap: bool
 ) -> tuple[float | None, float | None, str]:
     """Steps and examples to the target in the run with most devices that reached it."""
     for item in sorted(runs, key=lambda run: run.ranks, reverse=True):
@@ -138,7 +155,9 @@ def _to_target(
                 steps = float(entry["epoch"]) * steps_per_epoch
                 examples = steps * sum(item.batch_sizes)
                 return steps, examples, f"{item.key} ({item.ranks} devices)"
-    return None, None, "no fleet run reached the target"
+    exchange = "every step" if local_steps == 1 else f"every {local_steps} steps"
+    exchange += ", overlapped" if local_steps > 1 and overlap else ""
+    return None, None, f"no fleet run exchanging {exchange} reached the target"
 
 
 @dataclass(frozen=True)
@@ -153,7 +172,7 @@ class ProjectionRequest:
     balance: str = "equal"  # local batches: "equal", or "speed" as `--balance speed` splits them
     site_size: int = 0  # 0: no sites
     site_profile: LinkProfile | None = None
-    local_steps: int = 8
+    local_steps: int = 16  # the fleet measured H = 4, 16 and 64 (`rounds`, `rounds-host`)
     target_accuracy: float = 0.9
     steps: int = 100
     cycle_time_seconds: float | None = None  # None: the fleet's rule per narrowest link
@@ -219,8 +238,7 @@ def project(
     if unknown:
         raise ValueError(f"unknown exchange modes {unknown}; valid: {sorted(specs)}")
     inputs = {
-        codec: _codec_inputs(observations, request, codec, specs)
-        for codec in sorted({specs[name].codec for name in request.modes})
+        name: _mode_inputs(observations, request, name, specs[name]) for name in request.modes
     }
     rows: list[dict[str, Any]] = []
     for devices in request.devices:
@@ -229,14 +247,11 @@ def project(
         names = [
             name for name in request.modes if specs[name].mode.hierarchy == "none" or fleet.sites
         ]
-        plans = [
-            plan_network(fleet, specs[name].mode, inputs[specs[name].codec][1][devices])
-            for name in names
-        ]
+        plans = [plan_network(fleet, specs[name].mode, inputs[name][1][devices]) for name in names]
         transfers = simulate_transfers(plans, exchange_parameters.tcp)
         for name, phases in zip(names, transfers, strict=True):
             spec = specs[name]
-            profile, payloads = inputs[spec.codec]
+            profile, payloads = inputs[name]
             payload = payloads[devices]
             work = _compute_cpu(fleet, profile, spec, request.balance)
             workload = Workload(payload, cycle, work)
@@ -257,23 +272,27 @@ def project(
     return rows
 
 
-def _codec_inputs(
-    observations: Sequence[Observation],
-    request: ProjectionRequest,
-    codec: str,
-    specs: Mapping[str, ModeSpec],
+def _mode_inputs(
+    observations: Sequence[Observation], request: ProjectionRequest, name: str, spec: ModeSpec
 ) -> tuple[ModelProfile, dict[int, float]]:
-    """What the fleet measured for `codec`, and its payload at each projected device count.
+    """What the fleet measured for mode `name`'s codec, and its payload at each device count.
 
-    Refused, naming the modes that stand for the codec, when the fleet never ran the model with
-    it or when it cannot run on a projected count.
+    Refused, naming the mode, when the fleet never ran the model with the codec or when the
+    codec cannot run on a projected count.
     """
-    using = ", ".join(name for name in request.modes if specs[name].codec == codec)
+    codec, mode = spec.codec, spec.mode
     try:
-        profile = model_profile(observations, request.model, codec, request.target_accuracy)
+        profile = model_profile(
+            observations,
+            request.model,
+            codec,
+            request.target_accuracy,
+            mode.local_steps,
+            mode.overlap,
+        )
     except ValueError as error:
         raise ValueError(
-            f"exchange mode {using} stands for codec {codec}: {error}; leave it out "
+            f"exchange mode {name} stands for codec {codec}: {error}; leave it out "
             "of the modes or measure it on the fleet"
         ) from error
     payloads = {}
@@ -282,7 +301,7 @@ def _codec_inputs(
             payloads[devices] = profile.payload_at(devices)
         except ValueError as error:
             raise ValueError(
-                f"exchange mode {using} ({codec}) cannot run on {devices} devices: {error}; "
+                f"exchange mode {name} ({codec}) cannot run on {devices} devices: {error}; "
                 "leave it out of the modes"
             ) from error
     return profile, payloads
@@ -318,8 +337,8 @@ def _row(
     cycle: float,
     estimate: StepEstimate,
 ) -> dict[str, Any]:
-    # Convergence was measured for H = 1 only; local SGD's is not known from the fleet.
-    measured = spec.mode.local_steps == 1 and profile.steps_to_target is not None
+    # The profile's steps to the target come from runs that exchanged as this mode does.
+    measured = profile.steps_to_target is not None
     examples_per_second = devices * profile.local_batch_size / estimate.step_seconds
     same_examples = (
         profile.examples_to_target / examples_per_second
@@ -347,7 +366,7 @@ def _row(
             estimate.step_seconds * profile.steps_to_target if measured else None
         ),
         "seconds_to_target_same_examples": same_examples,
-        "target_source": profile.steps_source if measured else "not measured for this H",
+        "target_source": profile.steps_source,
         "longest_wait_seconds": estimate.longest_wait_seconds,
         "longest_wait_in": estimate.longest_wait_in,
         "times_out": estimate.timed_out,
@@ -415,6 +434,8 @@ def best_modes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "best_mode": best["mode"] if best else None,
                 "examples_per_second": best["examples_per_second"] if best else None,
                 "step_seconds": best["step_seconds"] if best else None,
+                # With the fleet's steps to the target (None where it did not measure them).
+                "seconds_to_target": best.get("seconds_to_target_same_steps") if best else None,
             }
         )
     return result
@@ -435,4 +456,5 @@ def answer(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "mode": chosen["best_mode"] if chosen else None,
         "step_seconds": chosen["step_seconds"] if chosen else None,
         "examples_per_second": chosen["examples_per_second"] if chosen else None,
+        "seconds_to_target": chosen["seconds_to_target"] if chosen else None,
     }

@@ -31,6 +31,7 @@ from globaldl.simulate.projection import (
     answer,
     build_fleet,
     crossovers,
+    model_profile,
     project,
 )
 
@@ -43,6 +44,7 @@ def _row(devices, mode, examples_per_second, times_out=False):
         "step_seconds": devices / examples_per_second,
         "times_out": times_out,
         "longest_wait_seconds": devices / 10,
+        "seconds_to_target_same_steps": 124 * devices / examples_per_second,
     }
 
 
@@ -78,6 +80,7 @@ def test_the_answer_follows_the_best_mode_not_a_slow_one_still_gaining_from_its_
         "mode": "local",
         "step_seconds": 100 / 606.5,
         "examples_per_second": 606.5,
+        "seconds_to_target": 124 * 100 / 606.5,
     }
 
 
@@ -219,6 +222,23 @@ def test_one_slow_device_in_four_holds_every_synchronous_step_back_unless_batche
     assert step_seconds("1:100", "speed") == pytest.approx(alike, rel=1e-9)
     with pytest.raises(ValueError, match="balance must be one of"):
         ProjectionRequest(devices=(4,), mix=parse_mix_shares("lte:100"), model="x", balance="fair")
+
+
+def test_steps_to_the_target_come_from_runs_that_exchanged_as_the_mode_does():
+    observations = load_observations()
+    every_step = model_profile(observations, "lenet", "none", 0.9)
+    local = model_profile(observations, "lenet", "none", 0.9, local_steps=16, overlap=True)
+    unmeasured = model_profile(observations, "lenet", "none", 0.9, local_steps=8, overlap=True)
+    # Dense LeNet every step, and with 16 overlapped local steps, both reached 90% on the fleet;
+    # each projected mode takes its own runs' steps, never the other's.
+    assert "-h" not in every_step.steps_source and every_step.steps_to_target
+    assert "h16-none-overlap" in local.steps_source and local.steps_to_target
+    assert unmeasured.steps_to_target is None
+    assert unmeasured.steps_source == (
+        "no fleet run exchanging every 8 steps, overlapped reached the target"
+    )
+    # Payload and CPU a step do not depend on how often the runs exchanged.
+    assert local.payload_bytes == every_step.payload_bytes == unmeasured.payload_bytes
 
 
 @pytest.mark.parametrize(
