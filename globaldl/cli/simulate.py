@@ -90,7 +90,7 @@ def project(
     site_size: int = typer.Option(50, help="devices per site for the hierarchical mode (0: none)"),
     site_profile: str = typer.Option("fibre", help="link profile of each site's shared WAN link"),
     local_steps: int = typer.Option(
-        16, help="H, steps between exchanges in the local mode (the fleet measured 4, 16, 64)"
+        16, help="H, steps between exchanges in the local mode (the fleet measured 16, 64)"
     ),
     target_accuracy: float = typer.Option(0.9, help="validation accuracy to reach"),
     steps: int = typer.Option(100, help="steps to simulate at most (fewer once steady)"),

@@ -49,7 +49,7 @@ def default_modes(local_steps: int) -> dict[str, ModeSpec]:
         "gather": ModeSpec(ExchangeMode("gather", combine="gather"), GATHER_CODEC),
         "sparse-sum": ModeSpec(ExchangeMode("sparse-sum"), SPARSE_SUM_CODEC),
         "hierarchical": ModeSpec(ExchangeMode("hierarchical", hierarchy="sites"), "fp16"),
-        # The fleet measured local steps with dense deltas summed (its convergence at H = 4, 16
+        # The fleet measured local steps with dense deltas summed (its convergence at H = 16
         # and 64, with and without overlap) and with gathered top-k + int8, which does not
         # stay flat per device; fp16 deltas it did not measure.
         "local": ModeSpec(ExchangeMode("local", local_steps=local_steps, overlap=True), "none"),
@@ -172,7 +172,7 @@ class ProjectionRequest:
     balance: str = "equal"  # local batches: "equal", or "speed" as `--balance speed` splits them
     site_size: int = 0  # 0: no sites
     site_profile: LinkProfile | None = None
-    local_steps: int = 16  # the fleet measured H = 4, 16 and 64 (`rounds`, `rounds-host`)
+    local_steps: int = 16  # dense deltas: the fleet measured H = 16 and 64 (`rounds`, ...)
     target_accuracy: float = 0.9
     steps: int = 100
     cycle_time_seconds: float | None = None  # None: the fleet's rule per narrowest link
