@@ -112,6 +112,7 @@ def project(
         PARAMETERS_FILE,
         calibration_summary,
         read_parameters,
+        speeds_note,
         write_projection,
     )
     from globaldl.simulate.platform import (
@@ -150,28 +151,27 @@ def project(
         rows = run_projection(request, load_observations(), parameters, profiles, _progress)
     calibration = json.loads(Path(parameters_path).read_text())
     speed_mix = request.speeds.describe()
-    speed_text = "" if request.speeds.is_uniform else f", device speeds {speed_mix}"
-    speed_text += ", batches by speed" if balance == "speed" else ""
+    recorded = {
+        "devices": list(counts),
+        "mix": mix,
+        "model": model,
+        "cpu_cores": cpu_cores,
+        "speeds": speed_mix,
+        "balance": balance,
+        "site_size": site_size,
+        "site_profile": site_profile,
+        "local_steps": local_steps,
+        "target_accuracy": target_accuracy,
+        "steps": steps,
+        "gloo_timeout_seconds": gloo_timeout_seconds,
+    }
     header = {
-        "title": f"{model} on {mix}, {cpu_cores:g} core per device{speed_text}",
+        "title": f"{model} on {mix}, {cpu_cores:g} core per device{speeds_note(recorded)}",
         "command": _command(),
         "parameters_file": str(parameters_path.name),
         "calibration": calibration_summary(calibration),
         "simulation_seconds": time.monotonic() - started,
-        "request": {
-            "devices": list(counts),
-            "mix": mix,
-            "model": model,
-            "cpu_cores": cpu_cores,
-            "speeds": speed_mix,
-            "balance": balance,
-            "site_size": site_size,
-            "site_profile": site_profile,
-            "local_steps": local_steps,
-            "target_accuracy": target_accuracy,
-            "steps": steps,
-            "gloo_timeout_seconds": gloo_timeout_seconds,
-        },
+        "request": recorded,
     }
     derived = mix if request.speeds.is_uniform else f"{mix}-speeds-{speed_mix}"
     derived += "-balance-speed" if balance == "speed" else ""

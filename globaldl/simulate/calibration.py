@@ -465,7 +465,7 @@ class _Discordant(NamedTuple):
     second: str
     gap: float  # the measured medians' difference over the faster one's
     overlap: bool  # the fleet's repeats order them both ways
-    tie: bool = False  # the simulator gives both the same step
+    tie: bool  # the simulator gives both the same step
 
 
 def _overlap(first: dict[str, Any], second: dict[str, Any]) -> bool:

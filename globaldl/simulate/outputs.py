@@ -231,7 +231,7 @@ def readme_section(documents: Sequence[Mapping[str, Any]], out_dir_name: str) ->
         details = document["file"].removesuffix(".json")
         rows.append(
             {
-                "link mix": document["request"]["mix"] + _speeds_note(document["request"]),
+                "link mix": document["request"]["mix"] + speeds_note(document["request"]),
                 "devices one run can use": found["devices"] or "none of the projected counts",
                 "exchange mode it needs": found["mode"] or "-",
                 "step there": _seconds(found["step_seconds"]),
@@ -272,11 +272,14 @@ def _to_target_note(found: Mapping[str, Any]) -> str:
 
 def _readme_order(document: Mapping[str, Any]) -> tuple[str, str, bool, str]:
     request = document["request"]
-    return request["model"], request["mix"], bool(_speeds_note(request)), document["file"]
+    return request["model"], request["mix"], bool(speeds_note(request)), document["file"]
 
 
-def _speeds_note(request: Mapping[str, Any]) -> str:
-    """How a projection's devices differ in speed and batch, where they do (older: alike)."""
+def speeds_note(request: Mapping[str, Any]) -> str:
+    """How a projection request's devices differ in speed and batch, where they do.
+
+    `request` is a projection document's; older ones record neither: devices alike.
+    """
     speeds = request.get("speeds", "1:100")
     note = "" if parse_speed_shares(speeds).is_uniform else f", device speeds {speeds}"
     return note + (", batches by speed" if request.get("balance") == "speed" else "")
