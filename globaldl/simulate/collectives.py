@@ -21,6 +21,7 @@ from globaldl.simulate.exchange import (
     ALLREDUCE_MESSAGES_IN_FLIGHT,
     ExchangeMode,
     Hops,
+    allreduce_hop_traffic,
     ring_messages,
     site_groups,
 )
@@ -87,6 +88,21 @@ def _chain(base: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Segments:
+    """Where a ring allreduce's data lies: per rank, its ring position and size, its ring's
+    segments per rank and how many of them hold data (`exchange.allreduce_hop_traffic`)."""
+
+    position: np.ndarray
+    ring_size: np.ndarray
+    per_rank: np.ndarray
+    filled: np.ndarray
+
+    def traffic(self, hop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per rank: whether it sends, and whether it receives, in `hop`."""
+        return allreduce_hop_traffic(self.position, self.ring_size, self.per_rank, self.filled, hop)
+
+
+@dataclass(frozen=True)
 class RingStage:
     """Ring hops over some ranks: who each rank receives from, how long, and how many hops.
 
@@ -102,6 +118,8 @@ class RingStage:
     hops: np.ndarray  # per rank; 0 for ranks outside this stage
     notify_seconds: np.ndarray  # per rank: its "ready to receive" on the way to its upstream
     in_flight: int = 1
+    # An allreduce that leaves some segments empty: their hops carry nothing (None: all carry).
+    segments: Segments | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.in_flight, int) or self.in_flight < 1:
@@ -115,6 +133,7 @@ class RingStage:
         upstream: np.ndarray,
         hop_count: np.ndarray,
         in_flight: int = 1,
+        segments: Segments | None = None,
     ) -> RingStage:
         """The stage in which rank p receives the message `upstream[p]` sends in `hops`.
 
@@ -135,6 +154,7 @@ class RingStage:
             hop_count,
             notify[upstream],
             in_flight,
+            segments,
         )
 
     def downstream(self) -> np.ndarray:
@@ -183,14 +203,23 @@ def ring_finish(
     # Jittered delays are drawn for a block of hops at once: one generator call, not one per hop.
     block = max(1, min(most, JITTER_BLOCK_VALUES // max(ranks, 1)))
     delays = np.broadcast_to(stage.incoming_latency_seconds, (block, ranks))
+    segments = stage.segments
+    sends = receives = None
     for hop in range(most + depth):
         slot = hop % depth
+        if segments is not None and hop < most:
+            sends, receives = segments.traffic(hop)
+            sends &= hop < stage.hops
+            receives &= hop < stage.hops
         if hop:
             # Hop k starts once hop k-d's message is in and p's own has left; p has waited
             # for that message since hop k-1 started.
             waited = np.maximum(arrivals[slot] - start, 0.0)
             ready = np.maximum(np.maximum(start, arrivals[slot]), departures[slot])
-            ready += message_cpu_seconds
+            if sends is None or hop >= most:
+                ready += message_cpu_seconds
+            else:
+                ready += np.where(sends | receives, message_cpu_seconds, 0.0)
             if every_rank and hop < most:
                 np.maximum(longest, waited, out=longest)
                 start = ready
@@ -209,8 +238,17 @@ def ring_finish(
             upstream_start[-1] = start[0]
         else:
             np.take(start, stage.upstream, out=upstream_start)
-        np.maximum(upstream_start, pushed, out=pushed)
         np.add(start, stage.notify_seconds, out=posted)
+        if receives is not None:
+            # Only a hop that carries data uses the connection; an empty one leaves it be.
+            np.maximum(np.maximum(upstream_start, pushed), posted, out=arrival)
+            arrival += stage.incoming_transfer_seconds
+            pushed = np.where(receives, arrival, pushed)
+            arrival = np.where(receives, pushed + delays[hop % block], -np.inf)
+            arrivals[slot] = arrival
+            departures[slot] = np.where(sends, pushed[downstream], -np.inf)
+            continue
+        np.maximum(upstream_start, pushed, out=pushed)
         np.maximum(posted, pushed, out=pushed)
         pushed += stage.incoming_transfer_seconds
         np.add(pushed, delays[hop % block], out=arrival)
@@ -403,7 +441,9 @@ def collective_of(
         upstream = np.roll(np.arange(ranks), -1)
         ring = ring_messages(mode.combine, collective_bytes, ranks)
         hops = np.full(ranks, ring.count)
-        stage = RingStage.of(ranks, network["ring"], upstream, hops, ring.in_flight)
+        every = [list(range(ranks))]
+        segments = _segments(ranks, every, collective_bytes) if mode.combine == "sum" else None
+        stage = RingStage.of(ranks, network["ring"], upstream, hops, ring.in_flight, segments)
         return Collective([stage], leader, rounds, round_seconds)
     stages = []
     for name, members in (("site_ring", groups), ("wan_ring", [[g[0] for g in groups]])):
@@ -411,8 +451,11 @@ def collective_of(
         for group in members:
             upstream[group] = np.roll(np.asarray(group), -1)
             hops[group] = ring_messages("sum", collective_bytes, len(group)).count
+        segments = _segments(ranks, members, collective_bytes)
         stages.append(
-            RingStage.of(ranks, network[name], upstream, hops, ALLREDUCE_MESSAGES_IN_FLIGHT)
+            RingStage.of(
+                ranks, network[name], upstream, hops, ALLREDUCE_MESSAGES_IN_FLIGHT, segments
+            )
         )
     broadcast, _ = sender_seconds(ranks, network["site_broadcast"])
     for group in groups:
@@ -420,6 +463,21 @@ def collective_of(
         rounds[group[1:]] = math.ceil(math.log2(len(group))) if len(group) > 1 else 0
         round_seconds[group] = broadcast[group[0]]
     return Collective(stages, leader, rounds, round_seconds)
+
+
+def _segments(ranks: int, rings: list[list[int]], payload_bytes: float) -> Segments | None:
+    """The segments of allreduce rings over `rings` (rank lists), or None if all hold data."""
+    position, size = np.zeros(ranks, dtype=np.int64), np.ones(ranks, dtype=np.int64)
+    per_rank, filled = np.ones(ranks, dtype=np.int64), np.ones(ranks, dtype=np.int64)
+    skips = False
+    for ring in rings:
+        messages = ring_messages("sum", payload_bytes, len(ring))
+        position[ring] = np.arange(len(ring))
+        size[ring] = len(ring)
+        per_rank[ring] = messages.segments_per_rank
+        filled[ring] = messages.filled
+        skips |= len(ring) > 1 and messages.skips
+    return Segments(position, size, per_rank, filled) if skips else None
 
 
 def chain_sends(ranks: int) -> np.ndarray:

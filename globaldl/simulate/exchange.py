@@ -73,6 +73,10 @@ BBR_MIN_TSO_RATE_BITS_PER_SECOND = 1_200_000
 # Gloo's ring allreduce (`AllreduceOptions::kMaxSegmentSize`, and the messages it keeps going).
 ALLREDUCE_MAX_SEGMENT_BYTES = 1024 * 1024
 ALLREDUCE_MESSAGES_IN_FLIGHT = 2
+# The summed payloads' element (float32, int32): Gloo's segments hold whole elements. fp16's
+# 2-byte elements would split a buffer below 2N elements a little finer; no projection's
+# payload is that small in fp16.
+ALLREDUCE_ELEMENT_BYTES = 4
 HOROVOD_DEFAULT_GLOO_TIMEOUT_SECONDS = 30.0
 COMBINES = ("sum", "gather")
 HIERARCHIES = ("none", "sites")
@@ -178,35 +182,80 @@ def paced_seconds(
 def allreduce_segments(payload_bytes: float, ranks: int) -> int:
     """Segments per rank of Gloo's ring allreduce of `payload_bytes` over `ranks`.
 
-    Gloo cuts the buffer into segments of ceil(bytes / 2N), at most 1 MiB, and rounds their
-    count up to a multiple of N, at least 2N: two per rank for buffers up to 2N MiB.
+    Gloo cuts the buffer into segments of ceil(bytes / 2N) rounded up to whole elements, at
+    most 1 MiB, and rounds their count up to a multiple of N, at least 2N: two per rank for
+    buffers up to 2N MiB.
     """
+    segment = _allreduce_segment_bytes(payload_bytes, ranks)
+    count = max(math.ceil(payload_bytes / segment), 2 * ranks)
+    return -(-count // ranks)
+
+
+def allreduce_filled_segments(payload_bytes: float, ranks: int) -> int:
+    """How many of the ring allreduce's segments hold any of `payload_bytes` (the first ones).
+
+    The others lie past the buffer's end: Gloo neither sends nor receives them. Below 2N
+    elements most segments are empty (one 4-byte float over 16 ranks fills one of 32).
+    """
+    return math.ceil(payload_bytes / _allreduce_segment_bytes(payload_bytes, ranks))
+
+
+def _allreduce_segment_bytes(payload_bytes: float, ranks: int) -> int:
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1, got {ranks}")
     if not payload_bytes >= 0:
         raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
-    segment = max(1, min(math.ceil(payload_bytes / (2 * ranks)), ALLREDUCE_MAX_SEGMENT_BYTES))
-    count = max(math.ceil(payload_bytes / segment), 2 * ranks)
-    return -(-count // ranks)
+    segment = min(math.ceil(payload_bytes / (2 * ranks)), ALLREDUCE_MAX_SEGMENT_BYTES)
+    return max(ALLREDUCE_ELEMENT_BYTES, -(-segment // ALLREDUCE_ELEMENT_BYTES) * ALLREDUCE_ELEMENT_BYTES)
+
+
+def allreduce_hop_traffic(
+    position: np.ndarray, ring_size: np.ndarray, segments_per_rank: int, filled: int, hop: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank at ring `position` of `ring_size` ranks: whether it sends, receives in `hop`.
+
+    Hops 0 .. (N-1)s-1 are the reduce-scatter, the next (N-1)s the allgather (s segments per
+    rank). In reduce-scatter iteration i rank r sends segment (r+1)s+i and receives (r+2)s+i,
+    in the allgather (r)s+i and (r+1)s+i, all mod Ns (Gloo's `allreduce.cc`); only the first
+    `filled` segments hold data. What rank r sends in a hop is what rank r-1 receives in it.
+    """
+    per_phase = (ring_size - 1) * segments_per_rank
+    gather = hop >= per_phase
+    iteration = np.where(gather, hop - per_phase, hop)
+    first = np.where(gather, position, position + 1) * segments_per_rank + iteration
+    total = ring_size * segments_per_rank
+    sends = first % total < filled
+    receives = (first + segments_per_rank) % total < filled
+    return sends, receives
 
 
 @dataclass(frozen=True)
 class RingMessages:
     """One collective's ring over N ranks as Gloo runs it, per rank.
 
-    `count` messages of `message_bytes` each, `in_flight` of them going at once.
+    `count` messages of `message_bytes` each, `in_flight` of them going at once. An
+    allreduce's ring is `segments_per_rank` segments per rank of which the first `filled` hold
+    data (`allreduce_hop_traffic`); an allgather's has no segments (0: every hop carries data).
     """
 
     count: int
     message_bytes: float
     in_flight: int
+    segments_per_rank: int = 0
+    filled: int = 0
+    segments: int = 0
+
+    @property
+    def skips(self) -> bool:
+        """Whether some hops carry nothing (an allreduce of fewer segments than it cuts)."""
+        return self.filled < self.segments
 
 
 def ring_messages(combine: str, payload_bytes: float, ranks: int) -> RingMessages:
     """The ring that sums (`combine="sum"`) or gathers `payload_bytes` per rank over `ranks`.
 
-    Allreduce: 2(N-1) messages per segment per rank, two in flight; allgatherv: N-1 messages of
-    a whole payload, one at a time.
+    Allreduce: 2(N-1) hops per segment per rank, two in flight, the empty segments' hops
+    carrying nothing; allgatherv: N-1 messages of a whole payload, one at a time.
     """
     if combine == "sum":
         segments = allreduce_segments(payload_bytes, ranks)
@@ -214,6 +263,9 @@ def ring_messages(combine: str, payload_bytes: float, ranks: int) -> RingMessage
             2 * (ranks - 1) * segments,
             payload_bytes / (ranks * segments),
             ALLREDUCE_MESSAGES_IN_FLIGHT,
+            segments,
+            allreduce_filled_segments(payload_bytes, ranks),
+            ranks * segments,
         )
     return RingMessages(ranks - 1, payload_bytes, 1)
 

@@ -32,6 +32,7 @@ from globaldl.simulate.exchange import (
     COORDINATION_MESSAGE_BYTES,
     ExchangeMode,
     ExchangeParameters,
+    allreduce_hop_traffic,
     paced_seconds,
     ring_messages,
 )
@@ -125,6 +126,15 @@ def _simulate(
     cycle_cpu = parameters.cycle_cpu_seconds / speeds
     ring = ring_messages(mode.combine, workload.payload_bytes, ranks)
     hops, message_bytes, in_flight = ring.count, math.ceil(ring.message_bytes), ring.in_flight
+    every = np.ones(ranks, dtype=bool)
+    traffic = [
+        allreduce_hop_traffic(
+            np.arange(ranks), np.full(ranks, ranks), ring.segments_per_rank, ring.filled, hop
+        )
+        if ring.skips
+        else (every, every)
+        for hop in range(hops)
+    ]
     senders = np.arange(ranks)
     neighbour = (senders - 1) % ranks  # every rank sends to rank - 1 (rank 0 to rank N-1)
     latency = route_latency_seconds(platform, senders, neighbour)
@@ -225,16 +235,26 @@ def _simulate(
         return bool(value)
 
     def collective(rank: int) -> None:
-        """Gloo's ring: hop k is posted once hop k - in_flight's receive and send are done."""
+        """Gloo's ring: hop k is posted once hop k - in_flight's receive and send are done.
+
+        A hop whose segments lie past the buffer's end sends, receives and waits for nothing.
+        """
         going: collections.deque[Any] = collections.deque()
         for hop in range(hops + in_flight):
             if hop >= in_flight:  # Gloo waits for the receive, then for the send
-                receive("ring", rank, "collective")
-                going.popleft().acquire()
+                sends, receives = traffic[hop - in_flight]
+                if receives[rank]:
+                    receive("ring", rank, "collective")
+                if sends[rank]:
+                    going.popleft().acquire()
             if hop < hops:
-                post("ring", rank)
-                least = float(paced[rank])
-                going.append(send("ring", rank, message_bytes, None, float(latency[rank]), least))
+                sends, receives = traffic[hop]
+                if receives[rank]:
+                    post("ring", rank)
+                if sends[rank]:
+                    least = float(paced[rank])
+                    message = send("ring", rank, message_bytes, None, float(latency[rank]), least)
+                    going.append(message)
 
     ready_times: list[list[float]] = [[] for _ in range(ranks)]
     collective_done = [simgrid.Semaphore(0) for _ in range(ranks)]
