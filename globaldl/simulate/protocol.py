@@ -282,9 +282,10 @@ def _simulate(
                 simgrid.this_actor.sleep_until(cpu.available_at(np.array([now()]), [rank])[0])
                 last_cycle = now()
                 done = ready_times[rank]
-                # With overlap a round's delta reaches Horovod only after the round before
-                # it has finished (see `steps`).
-                handed_over = not (mode.overlap and round_index) or (
+                # A round's tensors reach Horovod only after the round before has finished
+                # (see `steps`): its result starts the compute, or with overlap its end
+                # hands the next delta over.
+                handed_over = not round_index or (
                     ends[rank, round_index - 1] + HANDOFF_SECONDS <= last_cycle
                 )
                 ready = len(done) > round_index and done[round_index] <= last_cycle and handed_over

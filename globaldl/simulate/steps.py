@@ -13,10 +13,13 @@ A tensor made from a collective's result reaches Horovod's queue only after the 
 begun its next cycle: the loop goes from the collective's end straight into that cycle (its
 cycle time has long passed), while the result first has to wake the training thread, which
 then works on it and enqueues. So such a tensor waits for that cycle to end, then for a cycle of
-its own (`HANDOFF_SECONDS`). Two exchanges are made so: with overlap, round t+1's delta, which
-a device hands to Horovod only once round t has finished (`local_sgd.overlap`: one exchange in
-flight per process, so every rank submits in the same order); and a summed round after the
-first (PowerSGD's Q, computed from the summed P). The hierarchy's operations pass each result
+its own (`HANDOFF_SECONDS`). Every round's tensors are made so: without overlap, from the
+compute that starts with the round before's result (which takes longer than the handoff but
+for a round with no compute: the fleet's one-float allreduce probe, issued again as each one
+returns, pays that extra cycle every time); with overlap, round t+1's delta, which a device
+hands to Horovod only once round t has finished (`local_sgd.overlap`: one exchange in flight
+per process, so every rank submits in the same order); and a summed round after the first
+(PowerSGD's Q, computed from the summed P). The hierarchy's operations pass each result
 on unchanged and are not made to wait so; that is read from the fleet's hierarchy runs (with
 the wait they would be simulated half again too slow), not from Horovod's source.
 
@@ -244,7 +247,7 @@ def simulate_steps(
             cpu_per_cycle,
             message_cpu,
             rng,
-            previous_end + HANDOFF_SECONDS if mode.overlap else None,
+            previous_end + HANDOFF_SECONDS,
         )
         compute_end = ready
         # The collective's messages draw on the quota too (their time is in the ring's hops).

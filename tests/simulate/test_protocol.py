@@ -5,12 +5,16 @@ model composes the steps from one simulated hop per phase, the unreduced one run
 loop and Gloo's chain and ring message by message.
 """
 
+import json
 import re
+import statistics
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from globaldl.fleet.profiles import custom_profile
 from globaldl.simulate.exchange import (
     ExchangeMode,
     ExchangeParameters,
@@ -22,6 +26,8 @@ from globaldl.simulate.protocol import simulate_protocol
 from globaldl.simulate.steps import Workload, simulate_steps
 
 PARAMETERS = ExchangeParameters(message_cpu_seconds=0.0002, cycle_cpu_seconds=0.00005)
+# The fleet's one-float allreduce probe (`scripts/allreduce-probe.sh`): one JSON line per run.
+PROBE_RUNS = Path(__file__).parents[2] / "results" / "projection" / "allreduce-probe.jsonl"
 
 
 def _both(profile, ranks, mode, payload_bytes, compute_seconds, cores, rounds=8):
@@ -81,3 +87,39 @@ def test_exchanges_the_unreduced_simulation_does_not_cover_are_refused_by_name(m
     workload = Workload(123_414, 0.005, np.full(4, 0.012))
     with pytest.raises(ValueError, match=re.escape(named)):
         simulate_protocol(fleet, mode, workload, PARAMETERS)
+
+
+def _probe_medians() -> dict[int, float]:
+    """Per fleet size, the median over runs of rank 0's median probe."""
+    runs = [json.loads(line) for line in PROBE_RUNS.read_text().splitlines() if line.strip()]
+    sizes = sorted({run["devices"] for run in runs})
+    medians = {}
+    for size in sizes:
+        mine = [run for run in runs if run["devices"] == size]
+        assert len(mine) >= 3, f"{size} devices: {len(mine)} runs, a median needs 3"
+        assert {run["profile"] for run in mine} == {"custom:5:20:50"}
+        assert {run["cpu_cores"] for run in mine} == {0.125}
+        medians[size] = statistics.median(run["median_seconds"] for run in mine)
+    return medians
+
+
+def test_a_cached_one_float_allreduce_takes_as_long_as_on_the_fleet():
+    # Each probe is a coordination cycle that misses the tensor (it comes back from Python
+    # after the loop began its next cycle), one that finds it, and the one-float ring: three
+    # chains of single messages, pipelined behind each other. Sending the ring's 2N-1 empty
+    # segments, as the simulator did before, took 1.80, 4.00 and 8.80 s on 4, 8 and 16.
+    measured = _probe_medians()
+    assert set(measured) >= {4, 8, 16}
+    link = custom_profile(5, 20, 50)
+    parameters = ExchangeParameters()
+    for ranks, seconds in measured.items():
+        fleet = Fleet(tuple(Device(link, cpu_cores=0.125) for _ in range(ranks)))
+        workload = Workload(4, 0.005, np.zeros(ranks))
+        mode = ExchangeMode("dense")
+        [network] = simulate_plans([plan_network(fleet, mode, 4)], parameters)
+        reduced = simulate_steps(fleet, mode, workload, parameters, network, max_steps=8)
+        assert reduced.step_seconds == pytest.approx(seconds, rel=0.03), ranks
+        assert reduced.cycles_per_step == 2
+        if ranks <= 8:  # message by message: seconds at 8 ranks, minutes at 16
+            unreduced = simulate_protocol(fleet, mode, workload, parameters, rounds=4)
+            assert unreduced.step_seconds == pytest.approx(seconds, rel=0.03), ranks

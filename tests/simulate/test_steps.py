@@ -8,6 +8,7 @@ import pytest
 from globaldl.fleet.profiles import LinkProfile
 from globaldl.simulate.collectives import (
     RingStage,
+    Segments,
     chain_cycle,
     chain_sends,
     collective_of,
@@ -21,9 +22,12 @@ from globaldl.simulate.exchange import (
     ExchangeMode,
     ExchangeParameters,
     Hops,
+    allreduce_filled_segments,
+    allreduce_hop_traffic,
     allreduce_segments,
     paced_seconds,
     plan_network,
+    ring_messages,
 )
 from globaldl.simulate.platform import Device, Fleet, Site, link_directions, uniform_fleet
 from globaldl.simulate.steps import Workload, _epoch_ends, simulate_steps
@@ -143,6 +147,72 @@ def test_gloo_cuts_an_allreduce_into_at_least_two_segments_per_rank_of_at_most_1
     payload_bytes, ranks, segments
 ):
     assert allreduce_segments(payload_bytes, ranks) == segments
+
+
+@pytest.mark.parametrize(
+    ("payload_bytes", "ranks", "filled"),
+    [
+        (4, 16, 1),  # one float: one segment of 32
+        (8, 16, 1),  # the coordination word
+        (2_468, 1_000, 617),  # 617 four-byte values over 1,000 ranks: one a segment
+        (2_466, 1_000, 617),  # segments hold whole elements: the last one is partly filled
+        (246_828, 4, 8),  # LeNet's dense gradient fills all 8
+    ],
+)
+def test_gloo_fills_the_first_segments_its_buffer_reaches(payload_bytes, ranks, filled):
+    assert allreduce_filled_segments(payload_bytes, ranks) == filled
+    assert filled <= allreduce_segments(payload_bytes, ranks) * ranks
+
+
+def _traffic(payload_bytes, ranks):
+    ring = ring_messages("sum", payload_bytes, ranks)
+    positions, sizes = np.arange(ranks), np.full(ranks, ranks)
+    return [
+        allreduce_hop_traffic(positions, sizes, ring.segments_per_rank, ring.filled, hop)
+        for hop in range(ring.count)
+    ]
+
+
+def test_a_one_float_allreduce_travels_as_the_coordination_chain():
+    # Segment 0 alone holds data: rank N-1 sends it down to rank 0 (reduce-scatter), rank 0
+    # sends the sum to N-1 and on down to rank 1 (allgather); every other hop is empty.
+    ranks = 6
+    senders = []
+    for sends, receives in _traffic(4, ranks):
+        # What rank r sends, rank r-1 receives, in the same hop.
+        np.testing.assert_array_equal(receives, np.roll(sends, -1))
+        senders.extend(np.flatnonzero(sends).tolist())
+    assert senders == [5, 4, 3, 2, 1, 0, 5, 4, 3, 2]
+
+
+def test_a_full_buffer_sends_and_receives_in_every_hop():
+    for sends, receives in _traffic(246_828, 4):
+        assert sends.all() and receives.all()
+
+
+def test_a_ring_of_empty_segments_costs_a_chain_not_the_rendezvous_of_every_hop():
+    # Latency 0.1 s each way, the "ready to receive" 0.1 s back. A full ring pays both on
+    # every hop pair: 4(N-1) latencies. With one float only the chain's 2(N-1) hops carry it,
+    # each to a rank that posted its receive long before: one notification's wait in all.
+    ranks, latency = 8, 0.1
+    ring = ring_messages("sum", 4, ranks)
+    segments = Segments(
+        np.arange(ranks),
+        np.full(ranks, ranks),
+        np.full(ranks, ring.segments_per_rank),
+        np.full(ranks, ring.filled),
+    )
+    stage = replace(
+        _ring(ranks, latency=latency, notify=latency),
+        hops=np.full(ranks, ring.count),
+        in_flight=2,
+        segments=segments,
+    )
+    skipped, _ = ring_finish(np.zeros(ranks), stage, np.zeros(ranks), RNG)
+    full, _ = ring_finish(np.zeros(ranks), replace(stage, segments=None), np.zeros(ranks), RNG)
+    assert skipped.max() == pytest.approx((2 * (ranks - 1) + 1) * latency)
+    assert skipped.argmax() == 1  # the allgather's last stop
+    assert full.max() == pytest.approx(4 * (ranks - 1) * latency, rel=0.05)
 
 
 def test_a_flat_sum_runs_four_n_minus_one_segments_two_in_flight_and_a_gather_n_minus_one():
