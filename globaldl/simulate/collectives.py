@@ -13,7 +13,7 @@ agreement).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -89,17 +89,52 @@ def _chain(base: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Segments:
-    """Where a ring allreduce's data lies: per rank, its ring position and size, its ring's
-    segments per rank and how many of them hold data (`exchange.allreduce_hop_traffic`)."""
+    """Where a ring allreduce's data lies, for `exchange.allreduce_hop_traffic`.
+
+    Per rank: its ring position and size, its ring's segments per rank, and how many segments
+    hold data. On one ring of every rank in order, hop i = s*m + b (s segments per rank) has
+    rank r send segment s*(r+1+m) + b in the reduce-scatter and s*(r+m) + b in the allgather,
+    and receive what rank r+1 sends: so each hop's pattern is a shifted window of one of s
+    patterns, `pattern_b[q] = s*q + b < filled`, read as views of that pattern laid out twice.
+    """
 
     position: np.ndarray
     ring_size: np.ndarray
     per_rank: np.ndarray
     filled: np.ndarray
+    _windows: list[np.ndarray] | None = field(init=False, default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ranks = len(self.position)
+        one_ring = (
+            bool(np.all(self.ring_size == ranks))
+            and np.array_equal(self.position, np.arange(ranks))
+            and len(np.unique(self.per_rank)) == 1
+            and len(np.unique(self.filled)) == 1
+        )
+        if one_ring:
+            per_rank, filled = int(self.per_rank[0]), int(self.filled[0])
+            windows = [
+                np.tile(per_rank * np.arange(ranks) + offset < filled, 2)
+                for offset in range(per_rank)
+            ]
+            for window in windows:
+                window.flags.writeable = False
+            object.__setattr__(self, "_windows", windows)
 
     def traffic(self, hop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per rank: whether it sends, and whether it receives, in `hop`."""
-        return allreduce_hop_traffic(self.position, self.ring_size, self.per_rank, self.filled, hop)
+        """Per rank: whether it sends, and whether it receives, in `hop` (read-only arrays)."""
+        if self._windows is None:
+            return allreduce_hop_traffic(
+                self.position, self.ring_size, self.per_rank, self.filled, hop
+            )
+        ranks, per_rank = len(self.position), len(self._windows)
+        per_phase = (ranks - 1) * per_rank
+        gather = hop >= per_phase
+        rounds, offset = divmod(hop - per_phase if gather else hop, per_rank)
+        shift = (rounds if gather else rounds + 1) % ranks
+        window = self._windows[offset]
+        return window[shift : shift + ranks], window[shift + 1 : shift + 1 + ranks]
 
 
 @dataclass(frozen=True)
@@ -205,12 +240,14 @@ def ring_finish(
     delays = np.broadcast_to(stage.incoming_latency_seconds, (block, ranks))
     segments = stage.segments
     sends = receives = None
+    charged = bool(np.any(message_cpu_seconds))
+    candidate = np.empty(ranks)
     for hop in range(most + depth):
         slot = hop % depth
         if segments is not None and hop < most:
             sends, receives = segments.traffic(hop)
-            sends &= hop < stage.hops
-            receives &= hop < stage.hops
+            if not every_rank:
+                sends, receives = sends & (hop < stage.hops), receives & (hop < stage.hops)
         if hop:
             # Hop k starts once hop k-d's message is in and p's own has left; p has waited
             # for that message since hop k-1 started.
@@ -218,7 +255,7 @@ def ring_finish(
             ready = np.maximum(np.maximum(start, arrivals[slot]), departures[slot])
             if sends is None or hop >= most:
                 ready += message_cpu_seconds
-            else:
+            elif charged:
                 ready += np.where(sends | receives, message_cpu_seconds, 0.0)
             if every_rank and hop < most:
                 np.maximum(longest, waited, out=longest)
@@ -241,12 +278,14 @@ def ring_finish(
         np.add(start, stage.notify_seconds, out=posted)
         if receives is not None:
             # Only a hop that carries data uses the connection; an empty one leaves it be.
-            np.maximum(np.maximum(upstream_start, pushed), posted, out=arrival)
-            arrival += stage.incoming_transfer_seconds
-            pushed = np.where(receives, arrival, pushed)
-            arrival = np.where(receives, pushed + delays[hop % block], -np.inf)
-            arrivals[slot] = arrival
-            departures[slot] = np.where(sends, pushed[downstream], -np.inf)
+            np.maximum(upstream_start, pushed, out=candidate)
+            np.maximum(candidate, posted, out=candidate)
+            candidate += stage.incoming_transfer_seconds
+            np.copyto(pushed, candidate, where=receives)
+            arrivals[slot] = -np.inf
+            np.add(pushed, delays[hop % block], out=arrivals[slot], where=receives)
+            departures[slot] = -np.inf
+            np.copyto(departures[slot], pushed[downstream], where=sends)
             continue
         np.maximum(upstream_start, pushed, out=pushed)
         np.maximum(posted, pushed, out=pushed)

@@ -206,7 +206,8 @@ def _allreduce_segment_bytes(payload_bytes: float, ranks: int) -> int:
     if not payload_bytes >= 0:
         raise ValueError(f"payload_bytes must be >= 0, got {payload_bytes!r}")
     segment = min(math.ceil(payload_bytes / (2 * ranks)), ALLREDUCE_MAX_SEGMENT_BYTES)
-    return max(ALLREDUCE_ELEMENT_BYTES, -(-segment // ALLREDUCE_ELEMENT_BYTES) * ALLREDUCE_ELEMENT_BYTES)
+    elements = max(1, math.ceil(segment / ALLREDUCE_ELEMENT_BYTES))
+    return elements * ALLREDUCE_ELEMENT_BYTES
 
 
 def allreduce_hop_traffic(

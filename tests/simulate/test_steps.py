@@ -153,7 +153,7 @@ def test_gloo_cuts_an_allreduce_into_at_least_two_segments_per_rank_of_at_most_1
     ("payload_bytes", "ranks", "filled"),
     [
         (4, 16, 1),  # one float: one segment of 32
-        (8, 16, 1),  # the coordination word
+        (8, 16, 2),  # two floats: two segments
         (2_468, 1_000, 617),  # 617 four-byte values over 1,000 ranks: one a segment
         (2_466, 1_000, 617),  # segments hold whole elements: the last one is partly filled
         (246_828, 4, 8),  # LeNet's dense gradient fills all 8
@@ -183,6 +183,21 @@ def test_a_one_float_allreduce_travels_as_the_coordination_chain():
         np.testing.assert_array_equal(receives, np.roll(sends, -1))
         senders.extend(np.flatnonzero(sends).tolist())
     assert senders == [5, 4, 3, 2, 1, 0, 5, 4, 3, 2]
+
+
+@pytest.mark.parametrize(("payload_bytes", "ranks"), [(4, 6), (2_468, 100), (9_000, 7)])
+def test_one_rings_shifted_patterns_are_the_hop_traffic_of_every_rank(payload_bytes, ranks):
+    # The reduced model reads a flat ring's traffic as windows of a few patterns; a ring over
+    # part of the ranks (a site's) computes it rank by rank. Both must say the same.
+    ring = ring_messages("sum", payload_bytes, ranks)
+    layout = [np.arange(ranks), np.full(ranks, ranks)]
+    counts = [np.full(ranks, ring.segments_per_rank), np.full(ranks, ring.filled)]
+    segments = Segments(*layout, *counts)
+    assert segments._windows is not None
+    for hop, (sends, receives) in enumerate(_traffic(payload_bytes, ranks)):
+        fast_sends, fast_receives = segments.traffic(hop)
+        np.testing.assert_array_equal(fast_sends, sends)
+        np.testing.assert_array_equal(fast_receives, receives)
 
 
 def test_a_full_buffer_sends_and_receives_in_every_hop():
