@@ -122,6 +122,11 @@ class Segments:
                 window.flags.writeable = False
             object.__setattr__(self, "_windows", windows)
 
+    @property
+    def one_ring(self) -> bool:
+        """Whether every rank is on one ring, in rank order (traffic read as shifted views)."""
+        return self._windows is not None
+
     def traffic(self, hop: int) -> tuple[np.ndarray, np.ndarray]:
         """Per rank: whether it sends, and whether it receives, in `hop` (read-only arrays)."""
         if self._windows is None:

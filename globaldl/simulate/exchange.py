@@ -211,7 +211,11 @@ def _allreduce_segment_bytes(payload_bytes: float, ranks: int) -> int:
 
 
 def allreduce_hop_traffic(
-    position: np.ndarray, ring_size: np.ndarray, segments_per_rank: int, filled: int, hop: int
+    position: np.ndarray,
+    ring_size: np.ndarray,
+    segments_per_rank: np.ndarray | int,
+    filled: np.ndarray | int,
+    hop: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per rank at ring `position` of `ring_size` ranks: whether it sends, receives in `hop`.
 
@@ -219,6 +223,7 @@ def allreduce_hop_traffic(
     rank). In reduce-scatter iteration i rank r sends segment (r+1)s+i and receives (r+2)s+i,
     in the allgather (r)s+i and (r+1)s+i, all mod Ns (Gloo's `allreduce.cc`); only the first
     `filled` segments hold data. What rank r sends in a hop is what rank r-1 receives in it.
+    Every argument but `hop` is per rank (rings of different sizes side by side) or one value.
     """
     per_phase = (ring_size - 1) * segments_per_rank
     gather = hop >= per_phase

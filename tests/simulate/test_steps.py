@@ -193,11 +193,21 @@ def test_one_rings_shifted_patterns_are_the_hop_traffic_of_every_rank(payload_by
     layout = [np.arange(ranks), np.full(ranks, ranks)]
     counts = [np.full(ranks, ring.segments_per_rank), np.full(ranks, ring.filled)]
     segments = Segments(*layout, *counts)
-    assert segments._windows is not None
+    assert segments.one_ring
     for hop, (sends, receives) in enumerate(_traffic(payload_bytes, ranks)):
         fast_sends, fast_receives = segments.traffic(hop)
         np.testing.assert_array_equal(fast_sends, sends)
         np.testing.assert_array_equal(fast_receives, receives)
+
+
+def test_rings_side_by_side_each_carry_their_own_segments():
+    # Two sites of three ranks, a one-float sum in each: each site's ring a chain of its own.
+    segments = Segments(np.array([0, 1, 2, 0, 1, 2]), np.full(6, 3), np.full(6, 2), np.full(6, 1))
+    assert not segments.one_ring
+    for hop, (sends, receives) in enumerate(_traffic(4, 3)):
+        both_sends, both_receives = segments.traffic(hop)
+        np.testing.assert_array_equal(both_sends, np.tile(sends, 2))
+        np.testing.assert_array_equal(both_receives, np.tile(receives, 2))
 
 
 def test_a_full_buffer_sends_and_receives_in_every_hop():
