@@ -21,7 +21,9 @@ from globaldl.simulate.exchange import (
     ALLREDUCE_MESSAGES_IN_FLIGHT,
     ExchangeMode,
     Hops,
+    allreduce_filled_segments,
     allreduce_hop_traffic,
+    allreduce_segments,
     ring_messages,
     site_groups,
 )
@@ -486,7 +488,7 @@ def collective_of(
         ring = ring_messages(mode.combine, collective_bytes, ranks)
         hops = np.full(ranks, ring.count)
         every = [list(range(ranks))]
-        segments = _segments(ranks, every, collective_bytes) if mode.combine == "sum" else None
+        segments = ring_segments(ranks, every, collective_bytes) if mode.combine == "sum" else None
         stage = RingStage.of(ranks, network["ring"], upstream, hops, ring.in_flight, segments)
         return Collective([stage], leader, rounds, round_seconds)
     stages = []
@@ -495,7 +497,7 @@ def collective_of(
         for group in members:
             upstream[group] = np.roll(np.asarray(group), -1)
             hops[group] = ring_messages("sum", collective_bytes, len(group)).count
-        segments = _segments(ranks, members, collective_bytes)
+        segments = ring_segments(ranks, members, collective_bytes)
         stages.append(
             RingStage.of(
                 ranks, network[name], upstream, hops, ALLREDUCE_MESSAGES_IN_FLIGHT, segments
@@ -509,18 +511,17 @@ def collective_of(
     return Collective(stages, leader, rounds, round_seconds)
 
 
-def _segments(ranks: int, rings: list[list[int]], payload_bytes: float) -> Segments | None:
+def ring_segments(ranks: int, rings: list[list[int]], payload_bytes: float) -> Segments | None:
     """The segments of allreduce rings over `rings` (rank lists), or None if all hold data."""
     position, size = np.zeros(ranks, dtype=np.int64), np.ones(ranks, dtype=np.int64)
     per_rank, filled = np.ones(ranks, dtype=np.int64), np.ones(ranks, dtype=np.int64)
     skips = False
     for ring in rings:
-        messages = ring_messages("sum", payload_bytes, len(ring))
-        position[ring] = np.arange(len(ring))
-        size[ring] = len(ring)
-        per_rank[ring] = messages.segments_per_rank
-        filled[ring] = messages.filled
-        skips |= len(ring) > 1 and messages.skips
+        count = len(ring)
+        position[ring], size[ring] = np.arange(count), count
+        per_rank[ring] = allreduce_segments(payload_bytes, count)
+        filled[ring] = allreduce_filled_segments(payload_bytes, count)
+        skips |= count > 1 and filled[ring[0]] < per_rank[ring[0]] * count
     return Segments(position, size, per_rank, filled) if skips else None
 
 

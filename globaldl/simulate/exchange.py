@@ -239,22 +239,13 @@ def allreduce_hop_traffic(
 class RingMessages:
     """One collective's ring over N ranks as Gloo runs it, per rank.
 
-    `count` messages of `message_bytes` each, `in_flight` of them going at once. An
-    allreduce's ring is `segments_per_rank` segments per rank of which the first `filled` hold
-    data (`allreduce_hop_traffic`); an allgather's has no segments (0: every hop carries data).
+    `count` messages of `message_bytes` each, `in_flight` of them going at once (an
+    allreduce's hops whose segments hold no data carry nothing: `allreduce_hop_traffic`).
     """
 
     count: int
     message_bytes: float
     in_flight: int
-    segments_per_rank: int = 0
-    filled: int = 0
-    segments: int = 0
-
-    @property
-    def skips(self) -> bool:
-        """Whether some hops carry nothing (an allreduce of fewer segments than it cuts)."""
-        return self.filled < self.segments
 
 
 def ring_messages(combine: str, payload_bytes: float, ranks: int) -> RingMessages:
@@ -269,9 +260,6 @@ def ring_messages(combine: str, payload_bytes: float, ranks: int) -> RingMessage
             2 * (ranks - 1) * segments,
             payload_bytes / (ranks * segments),
             ALLREDUCE_MESSAGES_IN_FLIGHT,
-            segments,
-            allreduce_filled_segments(payload_bytes, ranks),
-            ranks * segments,
         )
     return RingMessages(ranks - 1, payload_bytes, 1)
 

@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from globaldl.simulate.collectives import ring_segments
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS, CfsQuota
 from globaldl.simulate.engine import build_platform, run_in_child, start_engine
 from globaldl.simulate.exchange import (
     COORDINATION_MESSAGE_BYTES,
     ExchangeMode,
     ExchangeParameters,
-    allreduce_hop_traffic,
     paced_seconds,
     ring_messages,
 )
@@ -126,14 +126,14 @@ def _simulate(
     cycle_cpu = parameters.cycle_cpu_seconds / speeds
     ring = ring_messages(mode.combine, workload.payload_bytes, ranks)
     hops, message_bytes, in_flight = ring.count, math.ceil(ring.message_bytes), ring.in_flight
+    segments = (
+        ring_segments(ranks, [list(range(ranks))], workload.payload_bytes)
+        if mode.combine == "sum"
+        else None
+    )
     every = np.ones(ranks, dtype=bool)
     traffic = [
-        allreduce_hop_traffic(
-            np.arange(ranks), np.full(ranks, ranks), ring.segments_per_rank, ring.filled, hop
-        )
-        if ring.skips
-        else (every, every)
-        for hop in range(hops)
+        segments.traffic(hop) if segments is not None else (every, every) for hop in range(hops)
     ]
     senders = np.arange(ranks)
     neighbour = (senders - 1) % ranks  # every rank sends to rank - 1 (rank 0 to rank N-1)

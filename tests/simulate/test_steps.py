@@ -15,6 +15,7 @@ from globaldl.simulate.collectives import (
     coordination_of,
     ring_allgather_word,
     ring_finish,
+    ring_segments,
 )
 from globaldl.simulate.exchange import (
     BBR_STARTUP_GAIN,
@@ -164,12 +165,21 @@ def test_gloo_fills_the_first_segments_its_buffer_reaches(payload_bytes, ranks, 
     assert filled <= allreduce_segments(payload_bytes, ranks) * ranks
 
 
+def _flat_segments(payload_bytes, ranks):
+    """Every rank on one ring: its segments as the reduced model's per-rank arrays."""
+    return Segments(
+        np.arange(ranks),
+        np.full(ranks, ranks),
+        np.full(ranks, allreduce_segments(payload_bytes, ranks)),
+        np.full(ranks, allreduce_filled_segments(payload_bytes, ranks)),
+    )
+
+
 def _traffic(payload_bytes, ranks):
-    ring = ring_messages("sum", payload_bytes, ranks)
-    positions, sizes = np.arange(ranks), np.full(ranks, ranks)
+    flat = _flat_segments(payload_bytes, ranks)
     return [
-        allreduce_hop_traffic(positions, sizes, ring.segments_per_rank, ring.filled, hop)
-        for hop in range(ring.count)
+        allreduce_hop_traffic(flat.position, flat.ring_size, flat.per_rank, flat.filled, hop)
+        for hop in range(ring_messages("sum", payload_bytes, ranks).count)
     ]
 
 
@@ -189,10 +199,7 @@ def test_a_one_float_allreduce_travels_as_the_coordination_chain():
 def test_one_rings_shifted_patterns_are_the_hop_traffic_of_every_rank(payload_bytes, ranks):
     # The reduced model reads a flat ring's traffic as windows of a few patterns; a ring over
     # part of the ranks (a site's) computes it rank by rank. Both must say the same.
-    ring = ring_messages("sum", payload_bytes, ranks)
-    layout = [np.arange(ranks), np.full(ranks, ranks)]
-    counts = [np.full(ranks, ring.segments_per_rank), np.full(ranks, ring.filled)]
-    segments = Segments(*layout, *counts)
+    segments = _flat_segments(payload_bytes, ranks)
     assert segments.one_ring
     for hop, (sends, receives) in enumerate(_traffic(payload_bytes, ranks)):
         fast_sends, fast_receives = segments.traffic(hop)
@@ -220,16 +227,10 @@ def test_a_ring_of_empty_segments_costs_a_chain_not_the_rendezvous_of_every_hop(
     # every hop pair: 4(N-1) latencies. With one float only the chain's 2(N-1) hops carry it,
     # each to a rank that posted its receive long before: one notification's wait in all.
     ranks, latency = 8, 0.1
-    ring = ring_messages("sum", 4, ranks)
-    segments = Segments(
-        np.arange(ranks),
-        np.full(ranks, ranks),
-        np.full(ranks, ring.segments_per_rank),
-        np.full(ranks, ring.filled),
-    )
+    segments = ring_segments(ranks, [list(range(ranks))], 4)
     stage = replace(
         _ring(ranks, latency=latency, notify=latency),
-        hops=np.full(ranks, ring.count),
+        hops=np.full(ranks, ring_messages("sum", 4, ranks).count),
         in_flight=2,
         segments=segments,
     )
