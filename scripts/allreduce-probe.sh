@@ -3,9 +3,9 @@
 # simulator's coordination and tiny rings are checked against (tests/simulate/test_protocol.py).
 # Usage: scripts/allreduce-probe.sh OUTPUT.jsonl [DEVICES...]   (default devices: 16 8 4)
 # Each size: `globaldl fleet up`, REPEATS runs of `globaldl.fleet.allreduce_probe` (rank 0's
-# times), `globaldl fleet down`. One JSON line per run: devices, repeat, the 1-minute load
-# before the run, and the probe's result. Needs root (network namespaces); run it on an
-# otherwise quiet machine. Environment: REPEATS (3), PROFILE (custom:5:20:50), CPU (0.125).
+# times), `globaldl fleet down`. One JSON line per run (devices, repeat, the 1-minute load
+# before the run, and the probe's result), appended to OUTPUT once every run has succeeded.
+# Needs root (network namespaces); run it on an otherwise quiet machine. Environment: REPEATS (3), PROFILE (custom:5:20:50), CPU (0.125).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -19,6 +19,7 @@ if [[ $# -gt 0 ]]; then sizes=("$@"); else sizes=(16 8 4); fi
 repeats=${REPEATS:-3}
 profile=${PROFILE:-custom:5:20:50}
 cpu=${CPU:-0.125}
+cycle_ms=5
 gdl=.venv/bin/globaldl
 for devices in "${sizes[@]}"; do
   if ! [[ $devices =~ ^[0-9]+$ ]] || ((devices < 2)); then
@@ -38,20 +39,32 @@ for devices in "${sizes[@]}"; do
   for ((repeat = 1; repeat <= repeats; repeat++)); do
     load=$(cut -d' ' -f1 /proc/loadavg)
     echo "[probe] $devices devices: run $repeat of $repeats (load $load)"
-    HOROVOD_CYCLE_TIME=5 "$gdl" fleet run --state-dir "$state" --exec -- \
-      .venv/bin/python -m globaldl.fleet.allreduce_probe >"$logs/run-$devices-$repeat.log" 2>&1
-    result=$(grep '^ALLREDUCE_PROBE ' "$logs/run-$devices-$repeat.log" | tail -1)
-    if [[ -z $result ]]; then
-      echo "[probe] no result; the run's log: $logs/run-$devices-$repeat.log" >&2
+    log=$logs/run-$devices-$repeat.log
+    if ! HOROVOD_CYCLE_TIME=$cycle_ms "$gdl" fleet run --state-dir "$state" --exec -- \
+      .venv/bin/python -m globaldl.fleet.allreduce_probe >"$log" 2>&1; then
+      echo "[probe] the run failed; its log: $log" >&2
       exit 1
     fi
-    .venv/bin/python -c 'import json, sys
-line = {"devices": int(sys.argv[1]), "repeat": int(sys.argv[2]), "load_1m": float(sys.argv[3]),
-        "profile": sys.argv[4], "cpu_cores": float(sys.argv[5]), "cycle_time_ms": 5}
-print(json.dumps(line | json.loads(sys.argv[6].split(" ", 1)[1])))' \
-      "$devices" "$repeat" "$load" "$profile" "$cpu" "$result" >>"$output"
+    .venv/bin/python - "$log" "$devices" "$repeat" "$load" "$profile" "$cpu" "$cycle_ms" \
+      >>"$logs/runs.jsonl" <<'EOF'
+import json
+import sys
+from pathlib import Path
+
+from globaldl.fleet.allreduce_probe import results_in
+
+log, devices, repeat, load, profile, cpu, cycle_ms = sys.argv[1:]
+found = results_in(Path(log).read_text())
+if not found:
+    sys.exit(f"[probe] no result in the run's log: {log}")
+run = {"devices": int(devices), "repeat": int(repeat), "load_1m": float(load)}
+setting = {"profile": profile, "cpu_cores": float(cpu), "cycle_time_ms": int(cycle_ms)}
+print(json.dumps(run | setting | found[-1]))
+EOF
   done
   down
   state=""
 done
+# Only a complete measurement reaches OUTPUT: a failed run above left it untouched.
+cat "$logs/runs.jsonl" >>"$output"
 echo "[probe] written to $output"

@@ -22,6 +22,15 @@ RESULT_PREFIX = "ALLREDUCE_PROBE "
 TENSOR_NAME = "allreduce_probe"
 
 
+def results_in(output: str) -> list[dict]:
+    """Every result line's record in a run's output (horovodrun prefixes lines with the rank)."""
+    return [
+        json.loads(line.split(RESULT_PREFIX, 1)[1])
+        for line in output.splitlines()
+        if RESULT_PREFIX in line
+    ]
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:

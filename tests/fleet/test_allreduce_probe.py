@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,12 +25,7 @@ def test_two_ranks_time_every_probe_and_rank_0_reports_them(worker_env: dict[str
         check=False,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
-    lines = [
-        line.split(allreduce_probe.RESULT_PREFIX, 1)[1]
-        for line in completed.stdout.splitlines()
-        if allreduce_probe.RESULT_PREFIX in line
-    ]
-    [result] = [json.loads(line) for line in lines]  # rank 0 alone reports
+    [result] = allreduce_probe.results_in(completed.stdout)  # rank 0 alone reports
     assert result["ranks"] == 2
     assert len(result["seconds"]) == 4 and all(seconds > 0 for seconds in result["seconds"])
     assert result["min_seconds"] <= result["median_seconds"] <= result["max_seconds"]
