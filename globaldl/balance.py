@@ -90,7 +90,7 @@ def measure_speed(
     """
     import tensorflow as tf
 
-    @tf.function
+    @tf.function(autograph=False)
     def forward_backward(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(images, training=True))

@@ -244,7 +244,7 @@ class Trainer:
             phase_timing=self.phase_timing,
         )
 
-    @tf.function
+    @tf.function(autograph=False)
     def _validation_step(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         logits = self.model(images, training=False)
         losses = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)

@@ -78,7 +78,7 @@ def _real_gradients(workload: dict[str, Any], batch_size: int, repeats: int):
     )
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    @tf.function
+    @tf.function(autograph=False)
     def forward_backward() -> list[tf.Tensor]:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(images, training=True))
@@ -97,7 +97,7 @@ def _measure_codec(variables, gradients, prune: str, density: float, quantize: s
     )
     step = tf.constant(1000, tf.int64)
 
-    @tf.function
+    @tf.function(autograph=False)
     def round_trip() -> tuple[tf.Tensor, tf.Tensor]:
         payload, _ = compressor.compress(gradients, step)
         if compressor.combine is Combine.SUM:

@@ -23,7 +23,7 @@ def build_local_step(parts: StepParts, phase_timing: bool = True) -> Callable[[A
     boundary = phase_boundary if phase_timing else no_boundary
     no_time = tf.constant(0.0, tf.float64)
 
-    @tf.function
+    @tf.function(autograph=False)
     def local_step(iterator: Any) -> tf.Tensor:
         start = tf.timestamp() if phase_timing else no_time
         with tf.control_dependencies([start]):

@@ -132,7 +132,7 @@ class RoundGraph:
         return self.compressor.raw_bytes_per_step + (counts if self.counts_travel else 0)
 
     # ------------------------------------------------------------------ graph functions
-    @tf.function
+    @tf.function(autograph=False)
     def sync_round(self, contribution: Contribution) -> tuple[RoundResult, tf.Tensor]:
         """A whole round end without overlap: exchange the delta, step, restart at the anchor.
 
@@ -147,14 +147,14 @@ class RoundGraph:
             self._restart(own_finite, in_flight=None)
         return result, self._seconds_since(started)
 
-    @tf.function
+    @tf.function(autograph=False)
     def exchange_round(
         self, deltas: list[tf.Tensor], contribution: Contribution, statistics: tf.Tensor
     ) -> RoundResult:
         """Compress, exchange and decompress one round's delta (overlap: in the background)."""
         return self._exchange(deltas, contribution, statistics)
 
-    @tf.function
+    @tf.function(autograph=False)
     def first_turn(self) -> Turn:
         """Overlap, nothing in flight yet: take the delta, restart beside it."""
         started = tf.timestamp()
@@ -163,7 +163,7 @@ class RoundGraph:
             self._restart(own_finite, in_flight=deltas)
         return Turn(deltas, statistics, self._seconds_since(started))
 
-    @tf.function
+    @tf.function(autograph=False)
     def turn(self, previous: RoundResult) -> Turn:
         """Overlap: take this round's delta, apply the previous round, restart beside it."""
         started = tf.timestamp()
@@ -173,7 +173,7 @@ class RoundGraph:
             self._restart(own_finite, in_flight=deltas)
         return Turn(deltas, statistics, self._seconds_since(started))
 
-    @tf.function
+    @tf.function(autograph=False)
     def drain(self, previous: RoundResult) -> tf.Tensor:
         """Apply the round in flight; keep the progress made since on top of the new anchor."""
         started = tf.timestamp()

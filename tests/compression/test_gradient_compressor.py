@@ -268,7 +268,7 @@ def test_compress_exchange_decompress_and_apply_run_inside_one_tf_function(prune
             c.apply_state(u)
         return averaged, nonfinite, [instances[0].wire_bytes(p) for p in payloads]
 
-    traced = tf.function(lambda grads, step: one_step(compressors, grads, step))
+    traced = tf.function(lambda grads, step: one_step(compressors, grads, step), autograph=False)
     for step in range(2):
         averaged, nonfinite, wire = traced(gradients, tf.constant(step, tf.int64))
         eager_averaged, _, eager_wire = one_step(
