@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gc
 import multiprocessing
 import os
 import sys
@@ -128,10 +129,30 @@ class TcpModel:
 
 
 def run_in_child(function: Callable[..., Result], *arguments: Any) -> Result:
-    """Run `function(*arguments)` in a forked process (SimGrid allows one engine per process)."""
+    """Run `function(*arguments)` in a forked process (SimGrid allows one engine per process).
+
+    The child must never collect an object it inherited: a caller that loaded TensorFlow (the
+    test suite does) leaves traced functions whose finalizers call into TensorFlow's runtime,
+    which does not survive a fork, and the child crashed with a segmentation fault when its
+    collector happened to run them. So the parent's objects are frozen (`gc.freeze`, moved out
+    of the collector's reach) with collection off across the fork, and the child collects only
+    what it creates itself.
+    """
     context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(_quietly, function, *arguments).result()
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=1, mp_context=context, initializer=gc.enable
+    ) as pool:
+        was_enabled = gc.isenabled()
+        gc.disable()
+        gc.freeze()
+        try:
+            # The executor forks its worker on the first submit.
+            future = pool.submit(_quietly, function, *arguments)
+        finally:
+            gc.unfreeze()
+            if was_enabled:
+                gc.enable()
+        return future.result()
 
 
 def _quietly(function: Callable[..., Result], *arguments: Any) -> Result:

@@ -1,5 +1,9 @@
 """SimGrid itself, through the adapter: real engine, real TCP model, the exact flow reduction."""
 
+import gc
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -7,6 +11,7 @@ from globaldl.simulate.engine import (
     LV08_BANDWIDTH_FACTOR,
     LV08_LATENCY_FACTOR,
     TcpModel,
+    run_in_child,
     simulate_phases,
 )
 from globaldl.simulate.topology import Link, Phase, Platform, representative_flows
@@ -62,3 +67,39 @@ def test_simulating_one_flow_per_class_of_independent_flows_is_exact():
         np.testing.assert_allclose(mine, theirs, rtol=1e-9)
     simulated, _ = representative_flows(platform, phases[0])
     assert len(simulated) < 8  # the ring hop needed fewer SimGrid flows than messages
+
+
+class _Finalized:
+    """Garbage in a reference cycle whose finalizer writes the id of the process that ran it."""
+
+    def __init__(self, record: Path) -> None:
+        self.record = record
+        self.cycle = self
+
+    def __del__(self) -> None:
+        with open(self.record, "a") as out:
+            out.write(f"{os.getpid()}\n")
+
+
+def _collect_and_name_the_process() -> int:
+    gc.collect()
+    return os.getpid()
+
+
+def test_the_simulation_child_never_finalizes_what_it_inherited(tmp_path):
+    # TensorFlow's traced functions are such garbage: finalized in a forked child, they crashed
+    # it (a segmentation fault inside the test suite). The cycle is garbage at the fork; the
+    # child collects and must leave it alone, the parent then finalizes it once.
+    record = tmp_path / "finalized-by"
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _Finalized(record)
+        child = run_in_child(_collect_and_name_the_process)
+        assert not record.exists(), f"process {record.read_text().split()} finalized it early"
+        gc.collect()
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert child != os.getpid()
+    assert record.read_text().split() == [str(os.getpid())]
