@@ -142,17 +142,23 @@ def run_in_child(function: Callable[..., Result], *arguments: Any) -> Result:
     with concurrent.futures.ProcessPoolExecutor(
         max_workers=1, mp_context=context, initializer=gc.enable
     ) as pool:
-        was_enabled = gc.isenabled()
-        gc.disable()
-        gc.freeze()
-        try:
-            # The executor forks its worker on the first submit.
+        with _objects_frozen():  # the executor forks its worker on the first submit
             future = pool.submit(_quietly, function, *arguments)
-        finally:
-            gc.unfreeze()
-            if was_enabled:
-                gc.enable()
         return future.result()
+
+
+@contextlib.contextmanager
+def _objects_frozen() -> Iterator[None]:
+    """Collection off and every object frozen (`gc.freeze`), then both as they were."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
 
 
 def _quietly(function: Callable[..., Result], *arguments: Any) -> Result:
