@@ -34,7 +34,7 @@ from globaldl.simulate.exchange import (
 )
 from globaldl.simulate.fleetdata import Observation
 from globaldl.simulate.platform import Device, Fleet, Site, link_directions
-from globaldl.simulate.steps import StepEstimate, Workload, drained_epoch_steps, simulate_steps
+from globaldl.simulate.steps import StepEstimate, Workload, round_epoch_steps, simulate_steps
 
 # The declared calibration subset, all on 4 devices at half a core: every codec and three cycle
 # times (ablation), three link profiles x two models x both collectives (bottleneck), and the
@@ -178,9 +178,9 @@ def predict(
     exchange = parameters.exchange_parameters()
     estimates = []
     for case, phases in zip(cases, transfers, strict=True):
-        # A run whose epochs drain its overlapped rounds is simulated round for round, as it
-        # ran (`simulate_steps`).
-        drained = drained_epoch_steps(case.mode, case.workload) is not None
+        # A run whose epochs end among its rounds (draining them with overlap, pausing them
+        # for validation) is simulated round for round, as it ran (`simulate_steps`).
+        by_rounds = round_epoch_steps(case.mode, case.workload) is not None
         estimate = simulate_steps(
             case.fleet,
             case.mode,
@@ -188,23 +188,24 @@ def predict(
             exchange,
             {name: phase.hops() for name, phase in phases.items()},
             max_steps=max(CALIBRATION_STEPS, case.observation.steps)
-            if drained
+            if by_rounds
             else CALIBRATION_STEPS,
         )
-        estimates.append(as_measured(case.observation, estimate) if drained else estimate)
+        estimates.append(as_measured(case.observation, estimate) if by_rounds else estimate)
     return estimates
 
 
 def as_measured(observation: Observation, estimate: StepEstimate) -> StepEstimate:
-    """A drained run's simulated step read from the rounds its measured step was read from.
+    """A run's simulated step read from the rounds its measured step was read from.
 
-    Its rounds differ by where the epochs end: one that an epoch ends inside waits for the
-    round in flight, and the next ones start out of step with Horovod's cycles. The loop's wall
-    (`run_records.loop_step_seconds`) leaves out the first round, those an epoch's end touches,
-    a last one cut short and, overlapped, each round that waits for the exchange of one of
-    these (`run_records.steady_round_indices`); the simulated step is then the same rounds'
-    mean. A step read from the phases (every round end but the first) keeps the mean of every
-    round but the first, as does a run with no steady round to read.
+    For a run whose epochs end among its rounds (`round_epoch_steps`). Its rounds differ by
+    where the epochs end: one that an epoch ends inside waits for the epoch's totals and,
+    overlapped, for the round in flight, and the next ones start out of step with Horovod's
+    cycles. The loop's wall (`run_records.loop_step_seconds`) leaves out the first round, those
+    an epoch's end touches, a last one cut short and, overlapped, each round that waits for the
+    exchange of one of these (`run_records.steady_round_indices`); the simulated step is then
+    the same rounds' mean. A step read from the phases (every round end but the first) keeps
+    the mean of every round but the first, as does a run with no steady round to read.
     """
     per_epoch = observation.epoch_steps
     if observation.step_measured_by != "loop wall" or per_epoch is None:
@@ -214,7 +215,7 @@ def as_measured(observation: Observation, estimate: StepEstimate) -> StepEstimat
         observation.local_steps,
         per_epoch,
         observation.steps,
-        overlap=True,  # a drained run is an overlapped one (`drained_epoch_steps`)
+        overlap=observation.overlap,
     )
     return estimate if step is None else replace(estimate, step_seconds=step)
 

@@ -511,6 +511,24 @@ def collective_of(
     return Collective(stages, leader, rounds, round_seconds)
 
 
+def totals_allreduce_of(fleet: Fleet, network: dict[str, Hops], payload_bytes: float) -> Collective:
+    """The small allreduce of `payload_bytes` an epoch's end runs over every rank, flat.
+
+    The training loop's epoch totals (`Trainer.end_epoch`: `sum_across_ranks`, the global
+    process set). Its segments are a few bytes, each hop one small message: the coordination
+    word's hops carry them (`network["chain"]`, messages of a few bytes in ring order). Only the
+    first segments hold data, so the result reaches the ranks one hop after another
+    (`test_a_one_float_allreduce_travels_as_the_coordination_chain`).
+    """
+    ranks = fleet.size
+    ring = ring_messages("sum", payload_bytes, ranks)
+    segments = ring_segments(ranks, [list(range(ranks))], payload_bytes)
+    upstream = np.roll(np.arange(ranks), -1)
+    hops = np.full(ranks, ring.count)
+    stage = RingStage.of(ranks, network["chain"], upstream, hops, ring.in_flight, segments)
+    return Collective([stage], np.arange(ranks), np.zeros(ranks), np.zeros(ranks))
+
+
 def ring_segments(ranks: int, rings: list[list[int]], payload_bytes: float) -> Segments | None:
     """The segments of allreduce rings over `rings` (rank lists), or None if all hold data."""
     position, size = np.zeros(ranks, dtype=np.int64), np.ones(ranks, dtype=np.int64)

@@ -9,6 +9,19 @@ collective ends (or, with overlap, compute runs one round ahead, except across a
 where the training loop drains the round in flight: `Workload.epoch_steps`; the projections
 leave it None, an epoch long enough not to matter, and the unreduced `protocol` has no epochs).
 
+An epoch's end runs the loop's own collectives: the epoch's training totals, validation (seconds
+of compute), then the validation totals, one allreduce of three numbers over every rank
+(`Trainer.end_epoch`), after which the round's steps go on. That small allreduce's result
+reaches the ranks a ring hop or more apart, so they resume apart and the round's exchange starts
+late. The model runs that allreduce (`collectives.totals_allreduce_of`) where an epoch ends
+inside a round, or before the round after one it ends with, and leaves out of the round's time
+what the epoch's end took on rank 0, as the fleet's phases leave validation out; validation's
+compute and the training totals' allreduce before it (whose spread validation absorbs) are not
+simulated. It explains a part of what the fleet shows: rounds-host, LeNet, 4 devices on 50 ms
+links, H = 16, prune+quantize, a round's exchange after an epoch's end took 1.90-1.99 s (21
+rounds of three runs) against 1.68-1.77 s in the 66 others; the simulated round there is 0.07 s
+longer than the others (1.88 s against 1.82 s).
+
 A tensor made from a collective's result reaches Horovod's queue only after the loop has
 begun its next cycle: the loop goes from the collective's end straight into that cycle (its
 cycle time has long passed), while the result first has to wake the training thread, which
@@ -41,10 +54,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from globaldl.simulate.collectives import (
+    Collective,
     Coordination,
     chain_sends,
     collective_of,
     coordination_of,
+    totals_allreduce_of,
 )
 from globaldl.simulate.cpu import CFS_PERIOD_SECONDS, CfsQuota
 from globaldl.simulate.exchange import (
@@ -67,6 +82,8 @@ MAX_CYCLES_PER_ROUND = 200_000
 # finished (a thread wakes, works on the result, and enqueues): any time after the loop's next
 # cycle began. Its size barely matters; that it is not zero does.
 HANDOFF_SECONDS = 1e-3
+# An epoch's totals, as `Trainer.end_epoch` sums them: three float64 (loss sum, correct, count).
+EPOCH_TOTALS_BYTES = 3 * 8
 
 
 @dataclass(frozen=True)
@@ -76,8 +93,8 @@ class Workload:
     payload_bytes: float
     cycle_time_seconds: float
     compute_cpu_seconds: np.ndarray  # per device: CPU-seconds of one step's non-exchange phases
-    # Steps between the training loop's epoch ends, where a round in flight is drained (None:
-    # no epoch ends; see `simulate_steps`).
+    # Steps between the training loop's epoch ends, where a round in flight is drained and the
+    # epoch's totals are summed (None: no epoch ends; see `simulate_steps`).
     epoch_steps: int | None = None
 
     def __post_init__(self) -> None:
@@ -222,22 +239,34 @@ def simulate_steps(
     # With overlap, every epoch's end drains the round in flight (`RoundEngine.drain`: the loop
     # waits for it, so that validation sees every finished round): a round whose steps an epoch
     # ends inside stops there until the round before has finished; a round that ends with an
-    # epoch is waited for before the next one starts. The rounds then repeat only every few
-    # epochs, so every round of the run is simulated (`max_steps`: the run's steps).
-    per_epoch = drained_epoch_steps(mode, workload)
-    drained = False
+    # epoch is waited for before the next one starts. Either way the epoch's totals are then
+    # summed (see the module's docstring): a round an epoch ends inside resumes when their
+    # allreduce returns, one that follows an epoch's end starts then. The rounds then repeat
+    # only every few epochs, so every round of the run is simulated (`max_steps`: the run's
+    # steps).
+    per_epoch = round_epoch_steps(mode, workload)
+    totals = None if per_epoch is None else totals_allreduce_of(fleet, network, EPOCH_TOTALS_BYTES)
+    ended = False  # whether an epoch ended with the round before
     for index in range(max_rounds):
         if mode.overlap:
-            compute_start = np.maximum(compute_end, previous_end if drained else older_end)
+            compute_start = np.maximum(compute_end, previous_end if ended else older_end)
         else:
             compute_start = previous_end
-        resume, round_work = compute_start, work
-        if per_epoch is not None:
-            inside, drained = _epoch_ends(index, local_steps, per_epoch)
+        resume, round_work, epoch_end = compute_start, work, 0.0
+        if per_epoch is not None and totals is not None:
+            inside, ends_with = _epoch_ends(index, local_steps, per_epoch)
+            stop = compute_start
             if inside:
-                paused = cpu.run(compute_start, work * inside / local_steps)
-                resume = np.maximum(paused, previous_end)
+                stop = cpu.run(compute_start, work * inside / local_steps)
+                if mode.overlap:
+                    stop = np.maximum(stop, previous_end)
                 round_work = work * (local_steps - inside) / local_steps
+            if inside or ended:
+                resume = _sum_epoch_totals(
+                    loops, stop, totals, workload, cycle, cpu_per_cycle, message_cpu, rng
+                )
+                epoch_end = float(resume[0] - stop[0])
+            ended = ends_with
         ready, started, cycles = _coordinate(
             loops,
             resume,
@@ -281,11 +310,12 @@ def simulate_steps(
             finish, wait = operation.finish(operation_start, message_cpu, rng)
             loops.note_wait(wait, "collective")
             loops.loop_free = finish
-        durations.append(float(finish[0] - previous_end[0]))
+        # The epoch's end is no part of a step (the fleet's phases leave it out).
+        durations.append(float(finish[0] - previous_end[0]) - epoch_end)
         comm_cpu = cycles * cpu_per_cycle + messages * message_cpu
         parts.append(
             (
-                float(ready[0] - compute_start[0]),
+                float(ready[0] - compute_start[0]) - epoch_end,
                 float(started[0] - max(ready[0], compute_start[0])),
                 float(finish[0] - started[0]),
                 cycles,
@@ -325,13 +355,46 @@ def simulate_steps(
     )
 
 
-def drained_epoch_steps(mode: ExchangeMode, workload: Workload) -> int | None:
-    """Steps between the epoch ends that drain `mode`'s rounds in flight; None where none do.
+def _sum_epoch_totals(
+    loops: _Loops,
+    handed: np.ndarray,
+    totals: Collective,
+    workload: Workload,
+    coordination: Coordination,
+    cpu_per_cycle: np.ndarray,
+    message_cpu: np.ndarray,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """When each rank has an epoch's totals, handed to Horovod at `handed` (per rank).
 
-    Only overlapped local steps have a round in flight at an epoch's end; a workload without
-    epochs (`epoch_steps` None, the projections') has none either.
+    Handed from the training thread like a round's delta (`HANDOFF_SECONDS`), they wait for a
+    cycle that sees every rank's; the loop's next cycle starts as the allreduce ends.
     """
-    return workload.epoch_steps if mode.overlap and mode.local_steps > 1 else None
+    _, started, _ = _coordinate(
+        loops,
+        handed,
+        np.zeros(len(handed)),
+        workload.cycle_time_seconds,
+        coordination,
+        cpu_per_cycle,
+        message_cpu,
+        rng,
+        handed + HANDOFF_SECONDS,
+    )
+    finish, wait = totals.finish(started, message_cpu, rng)
+    loops.note_wait(wait, "collective")
+    loops.loop_free = finish
+    return finish
+
+
+def round_epoch_steps(mode: ExchangeMode, workload: Workload) -> int | None:
+    """Steps between the epoch ends that touch `mode`'s rounds; None where none do.
+
+    Only local steps make rounds that an epoch's end can fall inside, drain (with overlap) or
+    hold up with its totals' allreduce; a workload without epochs (`epoch_steps` None, the
+    projections') has none either.
+    """
+    return workload.epoch_steps if mode.local_steps > 1 else None
 
 
 def _epoch_ends(round_index: int, local_steps: int, epoch_steps: int) -> tuple[int, bool]:
