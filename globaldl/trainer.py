@@ -392,7 +392,9 @@ class Trainer:
         """
         batch_size = self.batch_size
         started = time.perf_counter()
-        if totals.last_step_started is not None and totals.steps >= 2:
+        totals.epoch_steps_started += 1
+        # The cycle just ended is the previous step's; an epoch's first step is left out.
+        if totals.last_step_started is not None and totals.epoch_steps_started >= 3:
             totals.step_wall_seconds += started - totals.last_step_started
             totals.step_wall_steps += 1
         totals.last_step_started = started
@@ -437,6 +439,7 @@ class Trainer:
         part after an elastic restart), for the throughput.
         """
         totals.last_step_started = None  # the next epoch's first step starts afresh
+        totals.epoch_steps_started = 0
         if self.rounds is not None:
             self.rounds.drain(observer, totals)  # validation sees every finished round
         train_seconds = time.perf_counter() - epoch_started
