@@ -141,6 +141,20 @@ def test_a_recorded_first_step_is_left_out_of_the_step_the_simulator_must_hit():
     assert observation_from_run("test", _run()).step_seconds == pytest.approx(0.1)
 
 
+def test_a_wait_for_the_last_rank_out_of_an_epochs_end_is_left_out_of_the_step():
+    # Rank 1 came out of the epoch's end 40 s after rank 0, which waited for it inside its
+    # exchange phase: rank 0's phases hold 140 s, rank 1's the 100 s the steps took.
+    totals = [
+        {"phase_seconds": {"compute": 10.0, "exchange": 130.0}, "cpu_seconds": 30.0},
+        {"phase_seconds": {"compute": 10.0, "exchange": 90.0}, "cpu_seconds": 30.0},
+    ]
+    assert observation_from_run("test", _run(totals)).step_seconds == pytest.approx(0.100)
+    # Either rank may be the last: the step is the rank's that waited least.
+    assert observation_from_run("test", _run(totals[::-1])).step_seconds == pytest.approx(0.100)
+    # Rank 0's phases where no rank's own are recorded (older summaries).
+    assert observation_from_run("test", _run()).step_seconds == pytest.approx(0.100)
+
+
 def test_a_run_in_rounds_is_measured_as_its_local_steps_and_one_steady_round_per_h_steps():
     # 1000 steps in rounds of 16: 63 round ends (the last one after 8 steps), 90 s of the
     # loop's 100 s, the first of them 6 s (Horovod's first negotiation of the delta's tensors).
