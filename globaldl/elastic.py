@@ -83,6 +83,7 @@ from globaldl.elastic_timeouts import (
 )
 from globaldl.monitoring import NullObserver, TrainingObserver
 from globaldl.optimizers import optimizer_variables
+from globaldl.pipelines.release import release_in_background
 from globaldl.run_record import EpochResult, RunTotals, run_summary
 from globaldl.settings import TrainSettings
 from globaldl.trainer import Trainer
@@ -435,14 +436,15 @@ class _ElasticLoop:
         while state.epoch < settings.epochs:
             first = min(steps_per_epoch, round(state.fraction * steps_per_epoch))
             epoch_started = time.perf_counter()
-            iterator = iter(trainer.pipeline.train_batches(state.epoch, first))
+            # The iterator's only reference: destroyed off this thread once the epoch is done.
+            batches = [iter(trainer.pipeline.train_batches(state.epoch, first))]
             # Every step advances the global step by one (skipped steps too): count it here
             # rather than read the variable back after every step.
             step = int(trainer.step.numpy())
             progress = trainer.epoch_progress(state.epoch, first)
             for index in range(first, steps_per_epoch):
                 step_started = time.perf_counter()
-                trainer.run_step(iterator, self.observer, self.totals, state.epoch_totals)
+                trainer.run_step(batches[0], self.observer, self.totals, state.epoch_totals)
                 progress.step_done(index + 1)
                 step += 1
                 # The first step after (re-)entering traces the step function: not timed.
@@ -452,6 +454,7 @@ class _ElasticLoop:
                 state.fraction = (index + 1) / steps_per_epoch
                 if self._commit_due(trainer, step, state.committed_step):
                     state.commit()
+            release_in_background(batches)
             last = trainer.end_epoch(
                 state.epoch,
                 state.epoch_totals,

@@ -33,6 +33,7 @@ from globaldl.models import build_model
 from globaldl.monitoring import PHASES, NullObserver, TrainingObserver, start_exporter
 from globaldl.optimizers import make_optimizer, optimizer_variables
 from globaldl.pipelines import InputPipeline, make_pipeline
+from globaldl.pipelines.release import release_in_background
 from globaldl.progress import EpochProgress, NoProgress
 from globaldl.run_record import EpochResult, RunTotals, run_summary
 from globaldl.settings import SettingsError, TrainSettings
@@ -358,12 +359,14 @@ class Trainer:
         last = EpochResult(first_epoch, float("nan"), 0.0, float("nan"), 0.0, 0.0, 0.0)
         for epoch in range(first_epoch, settings.epochs):
             epoch_started = time.perf_counter()
-            iterator = iter(self.pipeline.train_batches(epoch))
+            # The iterator's only reference: destroyed off this thread once the epoch is done.
+            batches = [iter(self.pipeline.train_batches(epoch))]
             epoch_totals = np.zeros(3)
             progress = self.epoch_progress(epoch)
             for index in range(self.steps_per_epoch):
-                self.run_step(iterator, observer, totals, epoch_totals)
+                self.run_step(batches[0], observer, totals, epoch_totals)
                 progress.step_done(index + 1)
+            release_in_background(batches)
             last = self.end_epoch(
                 epoch, epoch_totals, self.steps_per_epoch, epoch_started, observer, totals
             )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from globaldl.monitoring import TrainingObserver
+from globaldl.pipelines.release import release_in_background
 
 if TYPE_CHECKING:
     from globaldl.trainer import Trainer
@@ -29,19 +30,25 @@ class LocalStream:
         self.steps_per_epoch = trainer.steps_per_epoch
         self.epoch = epoch
         self.batch = 0
-        self._iterator: Any = None
+        # The current epoch's iterator, its only reference; empty before the first batch.
+        self._batches: list[Any] = []
 
     def iterator(self) -> Any:
         """The iterator whose next batch is this device's next one."""
-        if self._iterator is None:
-            self._iterator = iter(self.pipeline.train_batches(self.epoch, self.batch))
-        return self._iterator
+        if not self._batches:
+            self._batches = [iter(self.pipeline.train_batches(self.epoch, self.batch))]
+        return self._batches[0]
 
     def advance(self) -> None:
-        """One batch was taken; past the shard's end, the next epoch's order starts."""
+        """One batch was taken; past the shard's end, the next epoch's order starts.
+
+        The finished epoch's iterator is destroyed off the training thread (`release`).
+        """
         self.batch += 1
         if self.batch == self.steps_per_epoch:
-            self.epoch, self.batch, self._iterator = self.epoch + 1, 0, None
+            self.epoch, self.batch = self.epoch + 1, 0
+            release_in_background(self._batches)
+            self._batches = []
 
 
 def fit_in_rounds(
