@@ -3,10 +3,11 @@
 Destroying a tf.data iterator waits for tf.data's autotuning thread, whose sleeps between
 optimisations grow while the consumer is slow (TensorFlow 2.21). On this machine, an iterator
 over 15 batches taken 3 s apart took 36.9 s to destroy in the second of two epochs (0.001 s with
-autotuning disabled). On a 16-device fleet at 0.125 core (6 s steps), three ranks spent 48 s
-creating the next epoch's iterator, the old one's destruction included, while the other 13 waited
-for them inside the next epoch's first exchange. The training loops hand each finished epoch's
-iterator to a background thread instead, which destroys it while training goes on.
+autotuning disabled; one run each). On a 16-device fleet at 0.125 core (6 s steps), three ranks
+spent 48 s creating the next epoch's iterator, the old one's destruction included, while the
+other 13 waited for them inside the next epoch's first exchange. The training loops hand each
+finished epoch's iterator to a background thread instead, which destroys it while training goes
+on.
 """
 
 from __future__ import annotations

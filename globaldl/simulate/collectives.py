@@ -480,17 +480,11 @@ def collective_of(
     """
     ranks = fleet.size
     collective_bytes = mode.collective_bytes(payload_bytes)
-    rounds, round_seconds = np.zeros(ranks), np.zeros(ranks)
-    leader = np.arange(ranks)
     groups = site_groups(fleet, mode)
     if len(groups) == 1:
-        upstream = np.roll(np.arange(ranks), -1)
-        ring = ring_messages(mode.combine, collective_bytes, ranks)
-        hops = np.full(ranks, ring.count)
-        every = [list(range(ranks))]
-        segments = ring_segments(ranks, every, collective_bytes) if mode.combine == "sum" else None
-        stage = RingStage.of(ranks, network["ring"], upstream, hops, ring.in_flight, segments)
-        return Collective([stage], leader, rounds, round_seconds)
+        return _flat_ring(ranks, network["ring"], mode.combine, collective_bytes)
+    rounds, round_seconds = np.zeros(ranks), np.zeros(ranks)
+    leader = np.arange(ranks)
     stages = []
     for name, members in (("site_ring", groups), ("wan_ring", [[g[0] for g in groups]])):
         upstream, hops = np.arange(ranks), np.zeros(ranks, dtype=np.int64)
@@ -520,12 +514,17 @@ def totals_allreduce_of(fleet: Fleet, network: dict[str, Hops], payload_bytes: f
     first segments hold data, so the result reaches the ranks one hop after another
     (`test_a_one_float_allreduce_travels_as_the_coordination_chain`).
     """
-    ranks = fleet.size
-    ring = ring_messages("sum", payload_bytes, ranks)
-    segments = ring_segments(ranks, [list(range(ranks))], payload_bytes)
+    return _flat_ring(fleet.size, network["chain"], "sum", payload_bytes)
+
+
+def _flat_ring(ranks: int, hops_seconds: Hops, combine: str, collective_bytes: float) -> Collective:
+    """One ring over every rank (allreduce or allgather), its hops timed by `hops_seconds`."""
     upstream = np.roll(np.arange(ranks), -1)
+    ring = ring_messages(combine, collective_bytes, ranks)
     hops = np.full(ranks, ring.count)
-    stage = RingStage.of(ranks, network["chain"], upstream, hops, ring.in_flight, segments)
+    every = [list(range(ranks))]
+    segments = ring_segments(ranks, every, collective_bytes) if combine == "sum" else None
+    stage = RingStage.of(ranks, hops_seconds, upstream, hops, ring.in_flight, segments)
     return Collective([stage], np.arange(ranks), np.zeros(ranks), np.zeros(ranks))
 
 

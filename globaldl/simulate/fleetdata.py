@@ -139,8 +139,7 @@ def _non_exchange(phases: dict[str, float]) -> float:
 def _phases_step(
     phases: dict[str, float],
     steady_steps: int,
-    rank_totals: Sequence[dict[str, Any]],
-    steps: int,
+    rank_steady: Sequence[tuple[dict[str, float], int]],
 ) -> float:
     """A run's steady step read from its phases: the least of its ranks' steady phase sums.
 
@@ -149,17 +148,12 @@ def _phases_step(
     that work in its phases: at an epoch's start the ranks wait for the last one out of the
     epoch's end, once, tens of seconds on 16 devices at 0.125 core. Rank 0's phases carry it
     when rank 0 is not the last; the last rank's do not. The least sum is the rank that
-    waited least. `phases` (rank 0's, over `steady_steps`) where no rank's totals are recorded.
+    waited least. `rank_steady`: each rank's steady phases and their steps (`steady_phases`);
+    `phases` (rank 0's, over `steady_steps`) where no rank's own are recorded.
     """
-    if not rank_totals:
+    if not rank_steady:
         return sum(phases.values()) / steady_steps
-    sums = []
-    for entry in rank_totals:
-        rank_phases, rank_steps = steady_phases(
-            entry["phase_seconds"], entry.get("first_step_phase_seconds"), steps
-        )
-        sums.append(sum(rank_phases.values()) / rank_steps)
-    return min(sums)
+    return min(sum(rank_phases.values()) / rank_steps for rank_phases, rank_steps in rank_steady)
 
 
 def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | None:
@@ -196,14 +190,17 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
         phases, rank_totals[0].get("first_step_phase_seconds") if per_rank else None, steps
     )
     measured_cpu = None
-    if per_rank:
-        walls = [
-            _non_exchange(rank_phases) / rank_steps
-            for rank_phases, rank_steps in (
-                steady_phases(entry["phase_seconds"], entry.get("first_step_phase_seconds"), steps)
-                for entry in rank_totals
-            )
+    # Each rank's own steady phases (its first step left out), and the steps they cover.
+    rank_steady = (
+        [
+            steady_phases(entry["phase_seconds"], entry.get("first_step_phase_seconds"), steps)
+            for entry in rank_totals
         ]
+        if per_rank
+        else []
+    )
+    if per_rank:
+        walls = [_non_exchange(rank_phases) / rank_steps for rank_phases, rank_steps in rank_steady]
         measured_cpu = tuple(float(entry["cpu_seconds"]) / steps for entry in rank_totals)
         compute = [
             step_cpu
@@ -241,7 +238,7 @@ def observation_from_run(experiment: str, run: dict[str, Any]) -> Observation | 
             if loop_wall is not None
             else run_records.steady_step_in_rounds(phases, steady_steps, summary["rounds"], every)
             if every > 1
-            else _phases_step(phases, steady_steps, rank_totals if per_rank else (), steps)
+            else _phases_step(phases, steady_steps, rank_steady)
         ),
         step_measured_by="phases" if loop_wall is None else "loop wall",
         epoch_steps=per_epoch,
