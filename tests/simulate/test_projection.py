@@ -213,9 +213,11 @@ def test_one_slow_device_in_four_holds_every_synchronous_step_back_unless_batche
         return row["step_seconds"]
 
     alike, one_slow = step_seconds("1:100"), step_seconds("1:75,0.25:25")
-    # ResNet-8 on fibre is compute-bound: the step waits for the slowest device's compute...
-    assert one_slow > 1.5 * alike
-    assert one_slow == pytest.approx(step_seconds("0.25:100"), rel=0.05)
+    all_slow = step_seconds("0.25:100")
+    # ResNet-8 on fibre is compute-bound: the step waits for the slowest device's compute, so
+    # one slow device of four costs most of what four slow ones cost (their exchange's CPU is
+    # slow too, which the one slow device's peers do not pay)...
+    assert 1.5 * alike < one_slow <= all_slow
     # ...unless, as training's --balance speed does, the slow device gets a smaller batch.
     balanced = step_seconds("1:75,0.25:25", "speed")
     assert alike <= balanced < 0.75 * one_slow
