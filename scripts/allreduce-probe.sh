@@ -3,9 +3,11 @@
 # simulator's coordination and tiny rings are checked against (tests/simulate/test_protocol.py).
 # Usage: scripts/allreduce-probe.sh OUTPUT.jsonl [DEVICES...]   (default devices: 16 8 4)
 # Each size: `globaldl fleet up`, REPEATS runs of `globaldl.fleet.allreduce_probe` (rank 0's
-# times), `globaldl fleet down`. One JSON line per run (devices, repeat, the 1-minute load
-# before the run, and the probe's result), appended to OUTPUT once every run has succeeded.
-# Needs root (network namespaces); run it on an otherwise quiet machine. Environment: REPEATS (3), PROFILE (custom:5:20:50), CPU (0.125).
+# times), `globaldl fleet down`. One JSON line per run and probed size (devices, repeat, the
+# 1-minute load before the run, and the probe's result), appended to OUTPUT once every run has
+# succeeded. Needs root (network namespaces); run it on an otherwise quiet machine.
+# Environment: REPEATS (3), PROFILE (custom:5:20:50), CPU (0.125), BYTES (4: each rank's bytes,
+# comma-separated) and COLLECTIVES (allreduce; "allgather allreduce" runs both, interleaved).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -19,6 +21,8 @@ if [[ $# -gt 0 ]]; then sizes=("$@"); else sizes=(16 8 4); fi
 repeats=${REPEATS:-3}
 profile=${PROFILE:-custom:5:20:50}
 cpu=${CPU:-0.125}
+bytes=${BYTES:-4}
+read -r -a collectives <<<"${COLLECTIVES:-allreduce}"
 cycle_ms=5
 gdl=.venv/bin/globaldl
 for devices in "${sizes[@]}"; do
@@ -37,16 +41,18 @@ for devices in "${sizes[@]}"; do
   "$gdl" fleet up -n "$devices" --profile "$profile" --cpu "$cpu" --latency require \
     --state-dir "$state" >"$logs/up-$devices.log"
   for ((repeat = 1; repeat <= repeats; repeat++)); do
-    load=$(cut -d' ' -f1 /proc/loadavg)
-    echo "[probe] $devices devices: run $repeat of $repeats (load $load)"
-    log=$logs/run-$devices-$repeat.log
-    if ! HOROVOD_CYCLE_TIME=$cycle_ms "$gdl" fleet run --state-dir "$state" --exec -- \
-      .venv/bin/python -m globaldl.fleet.allreduce_probe >"$log" 2>&1; then
-      echo "[probe] the run failed; its log: $log" >&2
-      exit 1
-    fi
-    .venv/bin/python - "$log" "$devices" "$repeat" "$load" "$profile" "$cpu" "$cycle_ms" \
-      >>"$logs/runs.jsonl" <<'EOF'
+    for collective in "${collectives[@]}"; do
+      load=$(cut -d' ' -f1 /proc/loadavg)
+      echo "[probe] $devices devices: $collective run $repeat of $repeats (load $load)"
+      log=$logs/run-$devices-$collective-$repeat.log
+      if ! HOROVOD_CYCLE_TIME=$cycle_ms "$gdl" fleet run --state-dir "$state" --exec -- \
+        .venv/bin/python -m globaldl.fleet.allreduce_probe --collective "$collective" \
+        --bytes "$bytes" >"$log" 2>&1; then
+        echo "[probe] the run failed; its log: $log" >&2
+        exit 1
+      fi
+      .venv/bin/python - "$log" "$devices" "$repeat" "$load" "$profile" "$cpu" "$cycle_ms" \
+        >>"$logs/runs.jsonl" <<'EOF'
 import json
 import sys
 from pathlib import Path
@@ -59,8 +65,10 @@ if not found:
     sys.exit(f"[probe] no result in the run's log: {log}")
 run = {"devices": int(devices), "repeat": int(repeat), "load_1m": float(load)}
 setting = {"profile": profile, "cpu_cores": float(cpu), "cycle_time_ms": int(cycle_ms)}
-print(json.dumps(run | setting | found[-1]))
+for result in found:
+    print(json.dumps(run | setting | result))
 EOF
+    done
   done
   down
   state=""
