@@ -10,8 +10,9 @@ INTERFACE_FIX = "gloo-process-set-interface"
 JOIN_TIMEOUT = "gloo-rendezvous-join-timeout"
 NOTIFY_OUTSIDE_LOCK = "elastic-notify-outside-lock"
 SSH_CONNECT_TIMEOUT = "ssh-check-connect-timeout"
+ALLGATHER_RECEIVE_FIRST = "gloo-allgather-receive-first"
 # A wheel without it was built by an older build script.
-NEWEST = SSH_CONNECT_TIMEOUT
+NEWEST = ALLGATHER_RECEIVE_FIRST
 
 
 def installed() -> tuple[str, ...]:

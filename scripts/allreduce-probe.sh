@@ -5,7 +5,7 @@
 # Each size: `globaldl fleet up`, REPEATS runs of `globaldl.fleet.allreduce_probe` (rank 0's
 # times), `globaldl fleet down`. One JSON line per run and probed size (devices, repeat, the
 # 1-minute load before the run, and the probe's result), appended to OUTPUT once every run has
-# succeeded. Needs root (network namespaces); run it on an otherwise quiet machine.
+# succeeded (with the Horovod build's source edits). Needs root (network namespaces); run it on an otherwise quiet machine.
 # Environment: REPEATS (3), PROFILE (custom:5:20:50), CPU (0.125), BYTES (4: each rank's bytes,
 # comma-separated) and COLLECTIVES (allreduce; "allgather allreduce" runs both, interleaved).
 set -euo pipefail
@@ -57,6 +57,7 @@ import json
 import sys
 from pathlib import Path
 
+from globaldl import horovod_edits
 from globaldl.fleet.allreduce_probe import results_in
 
 log, devices, repeat, load, profile, cpu, cycle_ms = sys.argv[1:]
@@ -65,6 +66,8 @@ if not found:
     sys.exit(f"[probe] no result in the run's log: {log}")
 run = {"devices": int(devices), "repeat": int(repeat), "load_1m": float(load)}
 setting = {"profile": profile, "cpu_cores": float(cpu), "cycle_time_ms": int(cycle_ms)}
+# The build's source edits: gathers changed with "gloo-allgather-receive-first".
+setting["horovod_edits"] = list(horovod_edits.installed())
 for result in found:
     print(json.dumps(run | setting | result))
 EOF

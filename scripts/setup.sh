@@ -58,12 +58,12 @@ PYTHONWARNINGS="ignore:Editable installation" pip_quiet install -q -e "$repo[dev
 
 tf_version=$("$venv/bin/python" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
 py_tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-# "patched5": wheels from scripts/build-horovod.sh, which marks its five source edits in
+# "patched6": wheels from scripts/build-horovod.sh, which marks its six source edits in
 # horovod.globaldl_patches (deploy/ansible looks the wheel up here under the same name). A
 # Horovod without the newest edit (an older set-up's wheel) is replaced.
-wheel_dir="$cache/horovod-$horovod_version-patched5-tf$tf_version-$py_tag"
+wheel_dir="$cache/horovod-$horovod_version-patched6-tf$tf_version-$py_tag"
 if ! "$venv/bin/python" -c 'import horovod.tensorflow, horovod.globaldl_patches as p
-assert "ssh-check-connect-timeout" in p.APPLIED' 2>/dev/null; then
+assert "gloo-allgather-receive-first" in p.APPLIED' 2>/dev/null; then
   ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1 || bash "$repo/scripts/build-horovod.sh" "$venv" "$wheel_dir"
   log "installing Horovod from $wheel_dir"
   pip_quiet install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl

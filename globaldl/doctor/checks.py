@@ -17,14 +17,16 @@ CLOCK_SKEW_WARN_SECONDS = 0.5
 MEMORY_HEADROOM = 1.25
 REQUIRED_PATCH = horovod_edits.INTERFACE_FIX
 # Without them Horovod still trains, but an elastic run waits long for a vanished device (after
-# the long join timeout, or ~400 s when the device held rank 0), and horovodrun started on the
-# device cannot reach peers more than 10 s of round trip away.
+# the long join timeout, or ~400 s when the device held rank 0), horovodrun started on the
+# device cannot reach peers more than 10 s of round trip away, and allgathers run slow.
 LATER_PATCHES = {
     horovod_edits.JOIN_TIMEOUT: "an elastic run notices a vanished device only after the join "
     "timeout",
     horovod_edits.NOTIFY_OUTSIDE_LOCK: "an elastic run stalls ~400 s when rank 0's device vanishes",
     horovod_edits.SSH_CONNECT_TIMEOUT: "horovodrun gives up on hosts over 10 s of round trip "
     "away (NB-IoT)",
+    horovod_edits.ALLGATHER_RECEIVE_FIRST: "gathered payloads over the link's burst take up to "
+    "1.8x their link time",
 }
 VERSION_KEYS = ("python", "tensorflow", "horovod", "globaldl")
 

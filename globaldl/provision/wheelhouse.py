@@ -257,7 +257,7 @@ def _reuse_setup_wheel(directory: Path, cache: Path, python_version: str) -> Pat
     tensorflow = runtime_closure().get("tensorflow")
     tag = "cp" + python_version.replace(".", "")
     candidates = sorted(
-        (Path(cache) / f"horovod-{HOROVOD_VERSION}-patched5-tf{tensorflow}-{tag}").glob(
+        (Path(cache) / f"horovod-{HOROVOD_VERSION}-patched6-tf{tensorflow}-{tag}").glob(
             f"horovod-{HOROVOD_VERSION}-{tag}-{tag}-linux_{platform.machine()}.whl"
         )
     )

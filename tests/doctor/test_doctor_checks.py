@@ -33,6 +33,7 @@ def healthy(host: str, **changes: object) -> DeviceProbe:
             "gloo-rendezvous-join-timeout",
             "elastic-notify-outside-lock",
             "ssh-check-connect-timeout",
+            "gloo-allgather-receive-first",
         ],
     }
     facts.update(changes)
@@ -103,6 +104,7 @@ def test_horovod_without_the_later_edits_only_warns_naming_what_is_missing() -> 
     text = render(evaluate([probe], NEED))
     assert "gloo-rendezvous-join-timeout" in text and "elastic-notify-outside-lock" in text
     assert "ssh-check-connect-timeout (horovodrun gives up on hosts over 10 s" in text
+    assert "gloo-allgather-receive-first (gathered payloads over the link's burst" in text
 
 
 def test_clock_skew_and_tight_memory_only_warn() -> None:
