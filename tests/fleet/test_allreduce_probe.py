@@ -13,11 +13,11 @@ from globaldl.fleet import allreduce_probe
 BIN = Path(sys.executable).parent
 
 
-@pytest.mark.horovod
-def test_two_ranks_time_every_probe_and_rank_0_reports_them(worker_env: dict[str, str]) -> None:
+def _probe_on_two_ranks(worker_env: dict[str, str], *arguments: str) -> list[dict]:
+    """Rank 0's result lines of the probe run by horovodrun on two local ranks."""
     completed = subprocess.run(
         [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
-        + [str(BIN / "python"), "-m", "globaldl.fleet.allreduce_probe", "--probes", "4"],
+        + [str(BIN / "python"), "-m", "globaldl.fleet.allreduce_probe", *arguments],
         env=worker_env,
         capture_output=True,
         text=True,
@@ -25,7 +25,12 @@ def test_two_ranks_time_every_probe_and_rank_0_reports_them(worker_env: dict[str
         check=False,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
-    [result] = allreduce_probe.results_in(completed.stdout)  # rank 0 alone reports
+    return allreduce_probe.results_in(completed.stdout)
+
+
+@pytest.mark.horovod
+def test_two_ranks_time_every_probe_and_rank_0_reports_them(worker_env: dict[str, str]) -> None:
+    [result] = _probe_on_two_ranks(worker_env, "--probes", "4")  # rank 0 alone reports
     assert result["ranks"] == 2
     assert (result["collective"], result["bytes"]) == ("allreduce", 4)
     assert len(result["seconds"]) == 4 and all(seconds > 0 for seconds in result["seconds"])
@@ -34,18 +39,9 @@ def test_two_ranks_time_every_probe_and_rank_0_reports_them(worker_env: dict[str
 
 @pytest.mark.horovod
 def test_allgathers_of_several_sizes_report_one_line_each(worker_env: dict[str, str]) -> None:
-    completed = subprocess.run(
-        [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo"]
-        + [str(BIN / "python"), "-m", "globaldl.fleet.allreduce_probe", "--probes", "2"]
-        + ["--collective", "allgather", "--bytes", "3,5000"],
-        env=worker_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    results = _probe_on_two_ranks(
+        worker_env, "--probes", "2", "--collective", "allgather", "--bytes", "3,5000"
     )
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    results = allreduce_probe.results_in(completed.stdout)
     assert [(result["collective"], result["bytes"]) for result in results] == [
         ("allgather", 3),
         ("allgather", 5000),
