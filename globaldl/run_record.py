@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import globaldl
-from globaldl import summary
+from globaldl import horovod_edits, summary
 from globaldl.exchange import (
     collectives_per_step,
     dense_device_tx_bytes_per_step_model,
@@ -257,5 +257,8 @@ def run_summary(
             "horovod": horovod.__version__,
             "globaldl": globaldl.__version__,
             "python": platform.python_version(),
+            # Which of the build's source edits this Horovod has (gathers changed with the
+            # receive-first edit); [] for a Horovod globaldl did not build.
+            "horovod_edits": list(horovod_edits.installed()),
         },
     }

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from horovod_launch import horovod_train
 
+from globaldl import horovod_edits
 from globaldl import summary as summary_module
 
 pytestmark = pytest.mark.horovod
@@ -62,6 +63,8 @@ def test_two_ranks_train_lenet_on_mnist_to_identical_weights(
     # cycle of an epoch's first step left out; at least what the phases timed of them.
     steps_per_epoch = result["steps"] // 3
     assert result["step_wall_steps"] == 3 * (steps_per_epoch - 2)
+    assert result["versions"]["horovod_edits"] == list(horovod_edits.installed())
+    assert horovod_edits.ALLGATHER_RECEIVE_FIRST in result["versions"]["horovod_edits"]
     steady = sum(phases.values()) - sum(
         result["rank_totals"][0]["first_step_phase_seconds"].values()
     )
