@@ -1,7 +1,8 @@
 """The names of scripts/build-horovod.sh's source edits to Horovod, as the built wheel records them.
 
 The build writes every name into `horovod/globaldl_patches.py` (`APPLIED`) once the edit is
-verified; scripts/setup.sh and the Ansible role spell the newest name themselves.
+verified; scripts/setup.sh and the Ansible role spell the newest name and the wheel tag
+themselves.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ SSH_CONNECT_TIMEOUT = "ssh-check-connect-timeout"
 ALLGATHER_RECEIVE_FIRST = "gloo-allgather-receive-first"
 # A wheel without it was built by an older build script.
 NEWEST = ALLGATHER_RECEIVE_FIRST
+# scripts/setup.sh caches its wheel under horovod-VERSION-WHEEL_TAG-tfTF-TAG; a new edit bumps it.
+WHEEL_TAG = "patched6"
 
 
 def installed() -> tuple[str, ...]:

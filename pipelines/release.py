@@ -52,4 +52,3 @@ def _release_pending() -> None:
                     return
             continue
         holder.clear()
-        del holder

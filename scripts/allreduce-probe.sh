@@ -4,8 +4,9 @@
 # Usage: scripts/allreduce-probe.sh OUTPUT.jsonl [DEVICES...]   (default devices: 16 8 4)
 # Each size: `globaldl fleet up`, REPEATS runs of `globaldl.fleet.allreduce_probe` (rank 0's
 # times), `globaldl fleet down`. One JSON line per run and probed size (devices, repeat, the
-# 1-minute load before the run, and the probe's result), appended to OUTPUT once every run has
-# succeeded (with the Horovod build's source edits). Needs root (network namespaces); run it on an otherwise quiet machine.
+# 1-minute load before the run, the Horovod build's source edits and the probe's result),
+# appended to OUTPUT once every run has succeeded. Needs root (network namespaces); run it on an
+# otherwise quiet machine.
 # Environment: REPEATS (3), PROFILE (custom:5:20:50), CPU (0.125), BYTES (4: each rank's bytes,
 # comma-separated) and COLLECTIVES (allreduce; "allgather allreduce" runs both, interleaved).
 set -euo pipefail

@@ -257,9 +257,10 @@ def _reuse_setup_wheel(directory: Path, cache: Path, python_version: str) -> Pat
     tensorflow = runtime_closure().get("tensorflow")
     tag = "cp" + python_version.replace(".", "")
     candidates = sorted(
-        (Path(cache) / f"horovod-{HOROVOD_VERSION}-patched6-tf{tensorflow}-{tag}").glob(
-            f"horovod-{HOROVOD_VERSION}-{tag}-{tag}-linux_{platform.machine()}.whl"
-        )
+        (
+            Path(cache)
+            / f"horovod-{HOROVOD_VERSION}-{horovod_edits.WHEEL_TAG}-tf{tensorflow}-{tag}"
+        ).glob(f"horovod-{HOROVOD_VERSION}-{tag}-{tag}-linux_{platform.machine()}.whl")
     )
     if not candidates:
         return None
